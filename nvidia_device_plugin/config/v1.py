@@ -1,0 +1,128 @@
+"""Types of the `version: v1` config format (NVIDIA k8s-device-plugin's), with their defaults.
+
+Only plain frozen values live here; parsing and validation are in config.loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VERSION = "v1"
+RESOURCE_PREFIX = "nvidia.com"
+SHARED_SUFFIX = ".shared"
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+DEVICE_ID_STRATEGIES = ("uuid", "index")
+
+# Application-level XIDs that do not mean the GPU is broken (NVIDIA's plugin skips the same ones).
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+
+@dataclass(frozen=True)
+class PluginFlags:
+    pass_device_specs: bool = False
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    device_id_strategy: str = "uuid"
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
+    container_driver_root: str = "/driver-root"
+
+
+@dataclass(frozen=True)
+class Flags:
+    mig_strategy: str = "none"
+    fail_on_init_error: bool = True
+    nvidia_driver_root: str = "/"
+    nvidia_dev_root: str = "/"
+    mps_root: str = "/run/nvidia/mps"
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+    plugin: PluginFlags = field(default_factory=PluginFlags)
+
+
+@dataclass(frozen=True)
+class ResourcePattern:
+    """Advertise devices whose name (GPU product name, or MIG profile) matches `pattern` as `name`."""
+
+    pattern: str
+    name: str  # fully qualified, e.g. "nvidia.com/a100"
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpus: tuple[ResourcePattern, ...] = ()
+    mig: tuple[ResourcePattern, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicatedDevices:
+    """Which devices a sharing entry applies to: all of them, the first `count`, or explicit refs."""
+
+    all: bool = True
+    count: int | None = None
+    refs: tuple[str, ...] = ()  # GPU index "0", MIG index "0:1", GPU UUID or MIG UUID
+
+
+@dataclass(frozen=True)
+class ReplicatedResource:
+    name: str  # fully qualified resource being shared, e.g. "nvidia.com/gpu"
+    replicas: int
+    rename: str | None = None  # fully qualified; None keeps `name`
+    devices: ReplicatedDevices = field(default_factory=ReplicatedDevices)
+
+
+@dataclass(frozen=True)
+class ReplicatedResources:
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    resources: tuple[ReplicatedResource, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sharing:
+    time_slicing: ReplicatedResources = field(default_factory=ReplicatedResources)
+    mps: ReplicatedResources | None = None
+
+    @property
+    def strategy(self) -> str:
+        """'mps', 'time-slicing' or 'none', as NVIDIA's plugin decides it (MPS wins when both are set)."""
+        if self.mps is not None and self.mps.resources:
+            return "mps"
+        if self.time_slicing.resources:
+            return "time-slicing"
+        return "none"
+
+    @property
+    def active(self) -> ReplicatedResources:
+        return self.mps if self.strategy == "mps" and self.mps is not None else self.time_slicing
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Bringing an unhealthy device back; off by default, as a false positive is rarer than a bad GPU."""
+
+    enabled: bool = False
+    grace_period_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class Health:
+    disabled: bool = False
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    critical_xids: frozenset[int] | None = None  # None: every XID not ignored is critical
+    recovery: Recovery = field(default_factory=Recovery)
+
+    def is_critical(self, xid: int) -> bool:
+        if self.disabled or xid in self.ignored_xids:
+            return False
+        return self.critical_xids is None or xid in self.critical_xids
+
+
+@dataclass(frozen=True)
+class Config:
+    version: str = VERSION
+    flags: Flags = field(default_factory=Flags)
+    resources: Resources = field(default_factory=Resources)
+    sharing: Sharing = field(default_factory=Sharing)
+    health: Health = field(default_factory=Health)

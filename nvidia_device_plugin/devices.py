@@ -1,0 +1,87 @@
+"""The discovered inventory: plain frozen values, produced by nvml.discovery and read by everything else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+
+class PcieLevel(IntEnum):
+    """How two GPUs reach each other over PCIe, nearest first (values follow NVML's nvmlGpuTopologyLevel_t)."""
+
+    INTERNAL = 0  # same board (multi-GPU card)
+    SINGLE = 10  # one PCIe switch
+    MULTIPLE = 20  # several PCIe switches, no host bridge
+    HOSTBRIDGE = 30  # same host bridge
+    NODE = 40  # same NUMA node, across host bridges
+    SYSTEM = 50  # across NUMA nodes (SMP interconnect)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device (GPU instance + compute instance) carved out of a physical GPU."""
+
+    uuid: str
+    index: int  # position among the parent's MIG devices, as nvmlDeviceGetMigDeviceHandleByIndex counts
+    parent_uuid: str
+    parent_index: int
+    profile: str  # e.g. "1g.10gb", derived from the device attributes as NVIDIA's tooling names it
+    memory_bytes: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A physical GPU."""
+
+    index: int
+    uuid: str
+    name: str  # product name, e.g. "NVIDIA A100-SXM4-80GB"
+    memory_bytes: int
+    pci_bus_id: str  # NVML's form, e.g. "00000000:07:00.0"
+    minor: int  # N in /dev/nvidiaN
+    numa_node: int | None
+    mig_enabled: bool
+    mig_devices: tuple[MigDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuLink:
+    """How one pair of GPUs (a < b by index) is connected."""
+
+    a: int
+    b: int
+    nvlinks: int  # NVLink lanes between them, directly or through NVSwitch; 0 when none
+    pcie: PcieLevel
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything discovery found on the node at one moment."""
+
+    gpus: tuple[Gpu, ...]
+    links: tuple[GpuLink, ...] = ()
+    driver_version: str = ""
+    cuda_driver_version: int = 0
+    _by_uuid: dict[str, Gpu] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_uuid.update({g.uuid: g for g in self.gpus})
+
+    def gpu(self, uuid: str) -> Gpu:
+        return self._by_uuid[uuid]
+
+    def link(self, a: int, b: int) -> GpuLink | None:
+        lo, hi = min(a, b), max(a, b)
+        for link in self.links:
+            if link.a == lo and link.b == hi:
+                return link
+        return None
+
+    def mig_device(self, uuid: str) -> MigDevice | None:
+        for gpu in self.gpus:
+            for mig in gpu.mig_devices:
+                if mig.uuid == uuid:
+                    return mig
+        return None
