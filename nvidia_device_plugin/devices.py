@@ -7,7 +7,7 @@ from enum import IntEnum
 
 
 class PcieLevel(IntEnum):
-    """How two GPUs reach each other over PCIe, nearest first (values follow NVML's nvmlGpuTopologyLevel_t)."""
+    """How two GPUs reach each other over PCIe, nearest first (NVML's nvmlGpuTopologyLevel_t)."""
 
     INTERNAL = 0  # same board (multi-GPU card)
     SINGLE = 10  # one PCIe switch
