@@ -1,0 +1,201 @@
+"""The pynvml simulator is faithful to pynvml's API, and discovery reads presets correctly through it."""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from nvidia_device_plugin.devices import PcieLevel
+from nvidia_device_plugin.errors import ConfigError, NvmlError
+from nvidia_device_plugin.nvml.backend import open_nvml
+from nvidia_device_plugin.nvml.discovery import discover, mig_profile_name, read_numa_node
+from nvidia_device_plugin.nvml.node import load_node, preset_names
+from nvidia_device_plugin.nvml.simulator import SimulatedNvml, simulated_functions
+
+
+@pytest.mark.parametrize("name", simulated_functions())
+def test_every_simulated_function_matches_real_pynvml_signature(name: str) -> None:
+    real = getattr(pynvml, name, None)
+    assert real is not None, f"pynvml has no {name}"
+    real_params = list(inspect.signature(real).parameters.values())
+    ours = list(inspect.signature(getattr(SimulatedNvml, name)).parameters.values())[1:]  # drop self
+    assert [p.name for p in ours] == [p.name for p in real_params]
+    assert [p.default for p in ours] == [p.default for p in real_params]
+
+
+def test_simulator_covers_what_discovery_and_health_call() -> None:
+    needed = {
+        "nvmlInit",
+        "nvmlShutdown",
+        "nvmlDeviceGetCount",
+        "nvmlDeviceGetHandleByIndex",
+        "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlEventSetCreate",
+        "nvmlDeviceRegisterEvents",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetFree",
+        "nvmlDeviceGetTopologyCommonAncestor",
+        "nvmlDeviceGetNvLinkRemotePciInfo",
+    }
+    assert needed <= set(simulated_functions())
+
+
+def test_presets_exist() -> None:
+    assert {"dgx-a100", "dgx-h100", "a100-mig-mixed", "mixed-a100-h100", "t4-single"} <= set(preset_names())
+
+
+def test_returns_pynvml_types_and_error_classes() -> None:
+    sim = SimulatedNvml(load_node("dgx-a100"))
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        sim.nvmlDeviceGetCount()
+    sim.nvmlInit()
+    handle = sim.nvmlDeviceGetHandleByIndex(0)
+    assert isinstance(handle, pynvml.c_nvmlDevice_t)
+    assert isinstance(sim.nvmlDeviceGetMemoryInfo(handle), pynvml.c_nvmlMemory_t)
+    assert isinstance(
+        sim.nvmlDeviceGetPciInfo(handle), pynvml.nvmlPciInfo_t
+    )  # busId decoding is pynvml's own
+    assert isinstance(sim.nvmlDeviceIsMigDeviceHandle(handle), ctypes.c_uint)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        sim.nvmlDeviceGetHandleByIndex(8)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        sim.nvmlEventSetWait_v2(sim.nvmlEventSetCreate(), 1)
+
+
+def test_injected_failures_and_lost_gpus_raise_real_codes() -> None:
+    sim = SimulatedNvml(load_node("dgx-a100"))
+    sim.nvmlInit()
+    sim.fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        sim.nvmlDeviceGetCount()
+    assert sim.nvmlDeviceGetCount() == 8
+    handle = sim.nvmlDeviceGetHandleByIndex(3)
+    sim.set_lost(3, True)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        sim.nvmlDeviceGetUUID(handle)
+    sim.set_lost(3, False)
+    assert sim.nvmlDeviceGetUUID(handle).startswith("GPU-")
+    with pytest.raises(ValueError, match="not a simulated pynvml function"):
+        sim.fail_next("nvmlNoSuchThing", 1)
+
+
+def test_events_reach_registered_sets_with_mig_attribution() -> None:
+    sim = SimulatedNvml(load_node("a100-mig-mixed"))
+    sim.nvmlInit()
+    events = sim.nvmlEventSetCreate()
+    gpu1 = sim.nvmlDeviceGetHandleByIndex(1)
+    sim.nvmlDeviceRegisterEvents(gpu1, pynvml.nvmlEventTypeXidCriticalError, events)
+    sim.inject_xid(0, 79)  # GPU 0 is not registered: nothing arrives
+    mig_uuid = sim.nvmlDeviceGetUUID(sim.nvmlDeviceGetMigDeviceHandleByIndex(gpu1, 2))
+    sim.inject_xid(mig_uuid, 94)
+    data = sim.nvmlEventSetWait_v2(events, 100)
+    assert sim.nvmlDeviceGetUUID(data.device) == sim.nvmlDeviceGetUUID(gpu1)
+    assert data.eventData == 94
+    mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(gpu1, 2)
+    assert data.gpuInstanceId == sim.nvmlDeviceGetGpuInstanceId(mig)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        sim.nvmlEventSetWait_v2(events, 1)
+
+
+def test_discovery_of_dgx_a100() -> None:
+    session = open_nvml("dgx-a100")
+    try:
+        inventory = discover(session.nv, session.sysfs_root)
+    finally:
+        session.close()
+    assert len(inventory.gpus) == 8
+    gpu = inventory.gpus[0]
+    assert gpu.name == "NVIDIA A100-SXM4-80GB"
+    assert gpu.memory_bytes == 80 * 1024**3
+    assert gpu.pci_bus_id == "00000000:07:00.0"
+    assert [g.numa_node for g in inventory.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert not gpu.mig_enabled
+    assert len(inventory.links) == 28
+    assert all(link.nvlinks == 12 for link in inventory.links)  # every pair through NVSwitch
+    pair01, pair04 = inventory.link(0, 1), inventory.link(4, 0)
+    assert pair01 is not None and pair01.pcie == PcieLevel.SINGLE
+    assert pair04 is not None and pair04.pcie == PcieLevel.SYSTEM
+    assert inventory.driver_version == "550.54.15"
+
+
+def test_discovery_of_mig_and_pcie_pairs() -> None:
+    session = open_nvml("a100-mig-mixed")
+    inventory = discover(session.nv, session.sysfs_root)
+    session.close()
+    profiles = [[m.profile for m in g.mig_devices] for g in inventory.gpus]
+    assert profiles == [["1g.10gb"] * 7, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"], ["3g.40gb"] * 2, []]
+    mig = inventory.gpus[1].mig_devices[0]
+    assert mig.parent_uuid == inventory.gpus[1].uuid and mig.parent_index == 1 and mig.index == 0
+    assert mig.uuid.startswith("MIG-")
+    assert inventory.gpus[3].mig_enabled is False
+
+    session = open_nvml("pcie-nvlink-pairs")
+    inventory = discover(session.nv, session.sysfs_root)
+    session.close()
+    lanes = {(link.a, link.b): link.nvlinks for link in inventory.links}
+    assert lanes == {(0, 1): 12, (2, 3): 12, (0, 2): 0, (0, 3): 0, (1, 2): 0, (1, 3): 0}
+
+
+def test_unknown_numa_is_none_and_t4_has_no_mig() -> None:
+    session = open_nvml("t4-single")
+    inventory = discover(session.nv, session.sysfs_root)
+    session.close()
+    assert inventory.gpus[0].numa_node is None
+    assert inventory.gpus[0].mig_enabled is False
+    assert inventory.links == ()
+
+
+def test_numa_from_sysfs(tmp_path: Path) -> None:
+    dev = tmp_path / "bus/pci/devices/0000:07:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    assert read_numa_node("00000000:07:00.0", tmp_path) == 1
+    assert read_numa_node("00000000:08:00.0", tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("slices", "compute", "memory_mb", "gpu_gb", "expected"),
+    [
+        (1, 1, 9856, 80, "1g.10gb"),
+        (2, 2, 19968, 80, "2g.20gb"),
+        (3, 3, 40192, 80, "3g.40gb"),
+        (7, 7, 80384, 80, "7g.80gb"),
+        (1, 1, 4864, 40, "1g.5gb"),
+        (2, 1, 9856, 40, "1c.2g.10gb"),
+    ],
+)
+def test_mig_profile_names(slices: int, compute: int, memory_mb: int, gpu_gb: int, expected: str) -> None:
+    assert mig_profile_name(slices, compute, memory_mb, gpu_gb * 1024**3) == expected
+
+
+def test_missing_driver_is_a_clear_error() -> None:
+    with pytest.raises(NvmlError, match="NVIDIA driver library not found: is this a GPU node"):
+        open_nvml(None)
+
+
+def test_nvml_failure_during_discovery_names_the_call() -> None:
+    sim = SimulatedNvml(load_node("dgx-a100"))
+    sim.nvmlInit()
+    sim.fail_next("nvmlDeviceGetUUID", pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(NvmlError, match=r"reading GPU 0: GPU is lost"):
+        discover(sim, sim.materialize_sysfs())
+    sim.close()
+
+
+def test_node_file_errors_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "node.yaml"
+    bad.write_text("gpus:\n  - {name: X, memory_mib: 1024, mig: [9g.1gb]}\n")
+    with pytest.raises(ConfigError, match=r"gpus\[0\]"):
+        load_node(str(bad))
+    bad.write_text("gpus:\n  - {name: X, memory_mb: 1024}\n")
+    with pytest.raises(ConfigError, match=r"unknown node field gpus\[0\]\.memory_mb"):
+        load_node(str(bad))
+    with pytest.raises(ConfigError, match="neither a preset"):
+        load_node("no-such-node")
