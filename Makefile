@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 soak: $(STAMP)
-	NVDP_SOAK=1 $(BIN)/pytest -m soak -p no:cacheprovider tests
+	NVDP_SOAK=1 $(BIN)/pytest -m soak -p no:cacheprovider --timeout 3600 tests
 
 image:
 	docker build -t nvidia-device-plugin-py:$$($(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('nvidia_device_plugin/__init__.py').read()).group(1))") .

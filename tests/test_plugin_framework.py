@@ -42,17 +42,6 @@ class FakeBackend:
 
 
 @pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    # Unix socket paths are limited to ~108 bytes; pytest's tmp_path can be long.
-    short = Path("/tmp") / f"nvdp-{os.getpid()}-{tmp_path.name[-20:]}"
-    short.mkdir(parents=True, exist_ok=True)
-    yield short
-    for entry in short.iterdir():
-        entry.unlink()
-    short.rmdir()
-
-
-@pytest.fixture
 def kubelet(plugin_dir: Path) -> Iterator[KubeletStandIn]:
     with KubeletStandIn(plugin_dir) as k:
         yield k

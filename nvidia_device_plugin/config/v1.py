@@ -15,6 +15,9 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
 DEVICE_ID_STRATEGIES = ("uuid", "index")
 
+# NVML event types a health check may watch (NVIDIA's health.eventTypes names); all three by default.
+HEALTH_EVENT_TYPES = ("EventTypeXidCriticalError", "EventTypeDoubleBitEccError", "EventTypeSingleBitEccError")
+
 # Application-level XIDs that do not mean the GPU is broken (NVIDIA's plugin skips the same ones).
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
@@ -38,6 +41,7 @@ class Flags:
     mps_root: str = "/run/nvidia/mps"
     gds_enabled: bool = False
     mofed_enabled: bool = False
+    gdrcopy_enabled: bool = False
     plugin: PluginFlags = field(default_factory=PluginFlags)
 
 
@@ -109,6 +113,7 @@ class Recovery:
 @dataclass(frozen=True)
 class Health:
     disabled: bool = False
+    event_types: tuple[str, ...] = HEALTH_EVENT_TYPES
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     critical_xids: frozenset[int] | None = None  # None: every XID not ignored is critical
     recovery: Recovery = field(default_factory=Recovery)
@@ -120,9 +125,18 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Imex:
+    """NVIDIA's `imex` section (IMEX channel injection): parsed so NVIDIA's configs load, not acted on."""
+
+    channel_ids: tuple[int, ...] = ()
+    required: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     version: str = VERSION
     flags: Flags = field(default_factory=Flags)
     resources: Resources = field(default_factory=Resources)
     sharing: Sharing = field(default_factory=Sharing)
     health: Health = field(default_factory=Health)
+    imex: Imex = field(default_factory=Imex)

@@ -1,0 +1,353 @@
+"""Allocate responses: what kubelet hands the container runtime for the devices it picked.
+
+Each container request is checked, then answered the way NVIDIA's k8s-device-plugin answers it
+(internal/plugin/server.go, getAllocateResponse), one ContainerAllocateResponse per request, in order:
+
+* The runtime device IDs are the physical devices behind the requested IDs, deduplicated, in request
+  order: GPU or MIG UUIDs (`deviceIDStrategy: uuid`) or "3" / "3:1" (`index`).
+* `cdi-annotations`: one annotation `<cdiAnnotationPrefix>nvidia-device-plugin_<response-id>` whose value
+  is the comma-separated CDI names `k8s.device-plugin.nvidia.com/gpu=<runtime id>` (the key is built as
+  the CDI library's AnnotationKey builds it). The response ID is a UUID derived from the resource and the
+  requested IDs, where NVIDIA draws a random one. It is still unique within a container and gives
+  kubelet's retries the same answer. `cdi-cri`: the same names as `cdi_devices`. With `gdrcopyEnabled`,
+  `gdsEnabled` or `mofedEnabled`, `k8s.device-plugin.nvidia.com/gdrcopy=all`, `.../gds=all` and
+  `.../mofed=all` follow the GPUs, in that order.
+* MPS replicas get the environment and mounts of `mps.py`.
+* `gdrcopyEnabled` / `gdsEnabled` / `mofedEnabled` set NVIDIA_GDRCOPY / NVIDIA_GDS / NVIDIA_MOFED=enabled,
+  under every strategy.
+* When every strategy is a CDI one, that is all: NVIDIA_VISIBLE_DEVICES is left unset (the CDI spec sets
+  it) and no device specs are passed, as in NVIDIA's plugin.
+* `envvar`: NVIDIA_VISIBLE_DEVICES=<id>,<id>.
+* `volume-mounts`: NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices, plus one mount per device
+  of /dev/null at /var/run/nvidia-container-devices/<id>. With `envvar` too, this value wins, as in NVIDIA.
+* `passDeviceSpecs`: the control nodes /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools and
+  /dev/nvidia-modeset, each only when it exists on this node. Then /dev/nvidia<minor> of each GPU, and
+  for a MIG device also the capability nodes /dev/nvidia-caps/nvidia-cap<N> of its GPU instance and
+  compute instance. N comes from the `DeviceFileMinor:` line of
+  <procRoot>/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]/access. Host paths are those
+  paths under `nvidiaDevRoot`, permissions "rw".
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvidia_device_plugin import mps
+from nvidia_device_plugin.api.v1beta1 import api_pb2
+from nvidia_device_plugin.config.v1 import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES, Config
+from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
+from nvidia_device_plugin.errors import AllocationError, ConfigError
+from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+VOLUME_MOUNTS_HOST_PATH = "/dev/null"
+CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+CDI_GPU_CLASS = "gpu"
+CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
+CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+MIG_CAPS_DEVICE_DIR = "/dev/nvidia-caps"
+# Seeds the response IDs, so the same request always yields the same annotation key.
+_RESPONSE_ID_NAMESPACE = uuid.UUID("6f1c2f0e-6a43-4f4e-9d0a-3b1f2c9f7d10")
+
+
+@dataclass(frozen=True)
+class AllocationSettings:
+    """The config fields that shape an Allocate response (defaults are NVIDIA's)."""
+
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    device_id_strategy: str = "uuid"
+    pass_device_specs: bool = False
+    nvidia_driver_root: str = "/"  # carried for CDI spec generation; device specs use nvidia_dev_root
+    nvidia_dev_root: str = "/"
+    container_driver_root: str = "/driver-root"  # carried for CDI spec generation
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    mps_root: str = "/run/nvidia/mps"
+    gdrcopy_enabled: bool = False
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+    proc_root: str = "/proc"  # where the MIG capability files are read
+    device_node_probe_root: str = "/"  # where the optional control nodes are looked for
+
+    def __post_init__(self) -> None:
+        if not self.device_list_strategy:
+            raise ConfigError(
+                "flags.plugin.deviceListStrategy must name at least one of "
+                f"{', '.join(DEVICE_LIST_STRATEGIES)}"
+            )
+        for i, strategy in enumerate(self.device_list_strategy):
+            if strategy not in DEVICE_LIST_STRATEGIES:
+                raise ConfigError(
+                    f"flags.plugin.deviceListStrategy[{i}] must be one of "
+                    f"{', '.join(DEVICE_LIST_STRATEGIES)}, got {strategy!r}"
+                )
+        if self.device_id_strategy not in DEVICE_ID_STRATEGIES:
+            raise ConfigError(
+                f"flags.plugin.deviceIDStrategy must be one of {', '.join(DEVICE_ID_STRATEGIES)}, "
+                f"got {self.device_id_strategy!r}"
+            )
+
+    @classmethod
+    def from_config(cls, config: Config) -> AllocationSettings:
+        flags = config.flags
+        return cls(
+            device_list_strategy=tuple(flags.plugin.device_list_strategy),
+            device_id_strategy=flags.plugin.device_id_strategy,
+            pass_device_specs=flags.plugin.pass_device_specs,
+            nvidia_driver_root=flags.nvidia_driver_root,
+            nvidia_dev_root=flags.nvidia_dev_root,
+            container_driver_root=flags.plugin.container_driver_root,
+            cdi_annotation_prefix=flags.plugin.cdi_annotation_prefix,
+            mps_root=flags.mps_root,
+            gdrcopy_enabled=flags.gdrcopy_enabled,
+            gds_enabled=flags.gds_enabled,
+            mofed_enabled=flags.mofed_enabled,
+        )
+
+    @property
+    def cdi_enabled(self) -> bool:
+        return any(s.startswith("cdi-") for s in self.device_list_strategy)
+
+    @property
+    def only_cdi(self) -> bool:
+        return all(s.startswith("cdi-") for s in self.device_list_strategy)
+
+
+class AllocationIndex:
+    """One plan's devices by ID (and the inventory facts device specs need), built in O(devices).
+
+    Build it once per plan and pass it to `allocate` so that each call costs O(request), not O(plan).
+    """
+
+    def __init__(self, plan: ResourcePlan, inventory: Inventory | None = None) -> None:
+        self.plan = plan
+        self._devices = {d.id: d for d in plan.devices}
+        self._replicas = mps.replica_counts(plan)
+        self._gpus: dict[str, Gpu] = {}
+        self._migs: dict[str, MigDevice] = {}
+        if inventory is not None:
+            for gpu in inventory.gpus:
+                self._gpus[gpu.uuid] = gpu
+                for mig in gpu.mig_devices:
+                    self._migs[mig.uuid] = mig
+
+    def device(self, device_id: str) -> AdvertisedDevice | None:
+        return self._devices.get(device_id)
+
+    def replicas_of(self, physical_uuid: str) -> int:
+        return self._replicas.get(physical_uuid, 1)
+
+    def gpu(self, gpu_uuid: str) -> Gpu | None:
+        return self._gpus.get(gpu_uuid)
+
+    def mig(self, mig_uuid: str) -> MigDevice | None:
+        return self._migs.get(mig_uuid)
+
+
+def allocate(
+    plan: ResourcePlan,
+    requests: Sequence[Sequence[str]],
+    settings: AllocationSettings,
+    unhealthy: Collection[str] = (),
+    *,
+    inventory: Inventory | None = None,
+    index: AllocationIndex | None = None,
+) -> api_pb2.AllocateResponse:
+    """Check and answer kubelet's AllocateRequest (one device-ID list per container) for `plan`.
+
+    `unhealthy` holds the devices that are unhealthy now. Advertised IDs, physical UUIDs and GPU UUIDs
+    are all accepted: a GPU that is down takes its replicas and MIG devices with it. `inventory` is
+    needed only for passDeviceSpecs (GPU minor numbers, MIG instance IDs). Pass a prebuilt `index` for
+    the plan to skip rebuilding it (its inventory is then the one used).
+    """
+    if index is None:
+        index = AllocationIndex(plan, inventory)
+    elif index.plan is not plan:
+        raise ValueError(
+            f"the AllocationIndex passed to allocate() was built for {index.plan.name}, not {plan.name}"
+        )
+    # A list is frozen for O(1) lookups; a set, or a lazy view that answers `in` itself, is used as is.
+    down: Collection[str] = frozenset(unhealthy) if isinstance(unhealthy, Sequence) else unhealthy
+    return api_pb2.AllocateResponse(
+        container_responses=[
+            _container_response(i, list(ids), index, settings, down) for i, ids in enumerate(requests)
+        ]
+    )
+
+
+def _container_response(
+    i: int, ids: list[str], index: AllocationIndex, settings: AllocationSettings, down: Collection[str]
+) -> api_pb2.ContainerAllocateResponse:
+    devices = _checked_devices(i, ids, index, down)
+    plan = index.plan
+    physical = _physical_devices(devices)
+    runtime_ids = [d.physical_uuid if settings.device_id_strategy == "uuid" else d.index_id for d in physical]
+
+    response = api_pb2.ContainerAllocateResponse()
+    if settings.cdi_enabled:
+        names = _cdi_device_names(runtime_ids, settings)
+        if "cdi-annotations" in settings.device_list_strategy:
+            response.annotations[_cdi_annotation_key(settings.cdi_annotation_prefix, plan.name, ids)] = (
+                ",".join(names)
+            )
+        if "cdi-cri" in settings.device_list_strategy:
+            response.cdi_devices.extend(api_pb2.CDIDevice(name=name) for name in names)
+    if plan.sharing == "mps":
+        for dev in physical:
+            if dev.replica is None:
+                continue
+            replicas = index.replicas_of(dev.physical_uuid)
+            response.envs.update(mps.client_envs(plan.name, dev.memory_bytes, replicas))
+            response.mounts.extend(mps.client_mounts(plan.name, dev.physical_uuid, settings.mps_root))
+    if settings.gdrcopy_enabled:
+        response.envs["NVIDIA_GDRCOPY"] = "enabled"
+    if settings.gds_enabled:
+        response.envs["NVIDIA_GDS"] = "enabled"
+    if settings.mofed_enabled:
+        response.envs["NVIDIA_MOFED"] = "enabled"
+    if settings.only_cdi:
+        return response
+
+    if "envvar" in settings.device_list_strategy:
+        response.envs[VISIBLE_DEVICES_ENV] = ",".join(runtime_ids)
+    if "volume-mounts" in settings.device_list_strategy:
+        response.envs[VISIBLE_DEVICES_ENV] = VOLUME_MOUNTS_ROOT
+        response.mounts.extend(
+            api_pb2.Mount(
+                container_path=posixpath.join(VOLUME_MOUNTS_ROOT, rid), host_path=VOLUME_MOUNTS_HOST_PATH
+            )
+            for rid in runtime_ids
+        )
+    if settings.pass_device_specs:
+        response.devices.extend(
+            api_pb2.DeviceSpec(
+                container_path=path, host_path=_under(settings.nvidia_dev_root, path), permissions="rw"
+            )
+            for path in _device_paths(i, physical, index, settings)
+        )
+    return response
+
+
+def _checked_devices(
+    i: int, ids: list[str], index: AllocationIndex, down: Collection[str]
+) -> list[AdvertisedDevice]:
+    plan = index.plan
+    where = f"container_requests[{i}]"
+    if not ids:
+        raise AllocationError(f"{where}: no device IDs requested for resource {plan.name}")
+    if len(ids) > len(plan.devices):
+        raise AllocationError(
+            f"{where}: request for '{plan.name}: {len(ids)}' exceeds the {len(plan.devices)} devices "
+            "the resource has"
+        )
+    devices: list[AdvertisedDevice] = []
+    seen: set[str] = set()
+    for device_id in ids:
+        dev = index.device(device_id)
+        if dev is None:
+            raise AllocationError(f"{where}: unknown device ID '{device_id}' for resource {plan.name}")
+        if device_id in seen:
+            raise AllocationError(f"{where}: device ID '{device_id}' is requested more than once")
+        seen.add(device_id)
+        if device_id in down or dev.physical_uuid in down or dev.gpu_uuid in down:
+            raise AllocationError(f"{where}: device '{device_id}' is unhealthy")
+        devices.append(dev)
+    # NVIDIA refuses multi-device requests for MPS replicas always, and for time-slicing replicas
+    # when failRequestsGreaterThanOne is set.
+    limited = plan.fail_requests_greater_than_one or plan.sharing == "mps"
+    if limited and len(devices) > 1 and any(d.replica is not None for d in devices):
+        raise AllocationError(
+            f"{where}: request for '{plan.name}: {len(devices)}' too large: "
+            "maximum request size for shared resources is 1"
+        )
+    return devices
+
+
+def _physical_devices(devices: list[AdvertisedDevice]) -> list[AdvertisedDevice]:
+    """The first requested device for each physical device, in request order."""
+    first: dict[str, AdvertisedDevice] = {}
+    for dev in devices:
+        first.setdefault(dev.physical_uuid, dev)
+    return list(first.values())
+
+
+def _cdi_device_names(runtime_ids: list[str], settings: AllocationSettings) -> list[str]:
+    names = [f"{CDI_VENDOR}/{CDI_GPU_CLASS}={rid}" for rid in runtime_ids]
+    for mode, enabled in (
+        ("gdrcopy", settings.gdrcopy_enabled),
+        ("gds", settings.gds_enabled),
+        ("mofed", settings.mofed_enabled),
+    ):
+        if enabled:
+            names.append(f"{CDI_VENDOR}/{mode}=all")
+    return names
+
+
+def _cdi_annotation_key(prefix: str, resource_name: str, ids: list[str]) -> str:
+    response_id = uuid.uuid5(_RESPONSE_ID_NAMESPACE, resource_name + "\n" + "\n".join(ids))
+    # The CDI library's AnnotationKey: "<plugin>_<device id with '/' as '_'>", at most 63 characters.
+    return f"{prefix}{CDI_ANNOTATION_PLUGIN}_{response_id}"
+
+
+def _device_paths(
+    i: int, physical: list[AdvertisedDevice], index: AllocationIndex, settings: AllocationSettings
+) -> list[str]:
+    paths: dict[str, None] = {}
+    for node in CONTROL_DEVICE_NODES:
+        if Path(_under(settings.device_node_probe_root, node)).exists():
+            paths[node] = None
+    for dev in physical:
+        gpu = index.gpu(dev.gpu_uuid)
+        if gpu is None:
+            raise AllocationError(
+                f"container_requests[{i}]: passDeviceSpecs needs the minor number of GPU {dev.gpu_uuid}, "
+                "which is not in the inventory allocate() was given"
+            )
+        paths[f"/dev/nvidia{gpu.minor}"] = None
+        if dev.kind == "mig":
+            mig = index.mig(dev.physical_uuid)
+            if mig is None:
+                raise AllocationError(
+                    f"container_requests[{i}]: passDeviceSpecs needs the GPU and compute instance IDs of "
+                    f"MIG device {dev.physical_uuid}, which is not in the inventory allocate() was given"
+                )
+            caps = posixpath.join(
+                settings.proc_root,
+                "driver/nvidia/capabilities",
+                f"gpu{gpu.minor}",
+                "mig",
+                f"gi{mig.gpu_instance_id}",
+            )
+            paths[mig_capability_device_node(posixpath.join(caps, "access"))] = None
+            paths[
+                mig_capability_device_node(posixpath.join(caps, f"ci{mig.compute_instance_id}", "access"))
+            ] = None
+    return list(paths)
+
+
+def mig_capability_device_node(access_file: str) -> str:
+    """The /dev/nvidia-caps node that grants the capability whose proc `access` file is given."""
+    try:
+        text = Path(access_file).read_text()
+    except OSError as exc:
+        raise AllocationError(
+            f"cannot read MIG capability file {access_file}: {exc.strerror or exc}; "
+            "is MIG configured and /proc/driver/nvidia visible to the plugin?"
+        ) from exc
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "DeviceFileMinor":
+            try:
+                return f"{MIG_CAPS_DEVICE_DIR}/nvidia-cap{int(value.strip())}"
+            except ValueError:
+                break
+    raise AllocationError(f"MIG capability file {access_file} has no valid 'DeviceFileMinor: <N>' line")
+
+
+def _under(root: str, path: str) -> str:
+    """`path` (absolute) inside `root`, as Go's filepath.Join(root, path) puts it."""
+    return posixpath.normpath(posixpath.join(root, path.lstrip("/")))

@@ -1,0 +1,199 @@
+"""Command line: run (default), demo, plan, check-config. Precedence: flag > env > config file > default."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from nvidia_device_plugin import __version__
+from nvidia_device_plugin.config.flags import add_config_arguments, config_source, resolve_config
+from nvidia_device_plugin.config.loader import load_config_file
+from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.config.watch import ConfigWatcher
+from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+
+log = logging.getLogger("nvidia_device_plugin")
+
+COMMANDS = ("run", "demo", "plan", "check-config")
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_METRICS_ADDRESS = ":9402"
+
+
+def _env(environ: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    value = environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nvidia-device-plugin",
+        description="Kubernetes device plugin for NVIDIA GPUs: whole GPUs, time-slicing, MPS and MIG.",
+    )
+    parser.add_argument("--version", action="version", version=f"nvidia-device-plugin {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def common(sub: argparse.ArgumentParser, simulate_default: str | None) -> None:
+        sub.add_argument(
+            "--simulate",
+            metavar="NODE",
+            default=_env(environ, "NVDP_SIMULATE", simulate_default),
+            help="use a simulated node (preset name or YAML node file) instead of NVML [env NVDP_SIMULATE]",
+        )
+        sub.add_argument(
+            "--log-level",
+            choices=LOG_LEVELS,
+            default=_env(environ, "NVDP_LOG_LEVEL", "info"),
+            help="[env NVDP_LOG_LEVEL]",
+        )
+        sub.add_argument(
+            "--log-format",
+            choices=LOG_FORMATS,
+            default=_env(environ, "NVDP_LOG_FORMAT", "text"),
+            help="text for people, json for log pipelines [env NVDP_LOG_FORMAT]",
+        )
+        add_config_arguments(sub)
+
+    run = commands.add_parser("run", help="run the device plugin daemon (the default command)")
+    common(run, None)
+    run.add_argument(
+        "--device-plugin-path",
+        default=_env(environ, "DEVICE_PLUGIN_PATH", DEFAULT_PLUGIN_DIR),
+        help=f"kubelet's device-plugin directory (default {DEFAULT_PLUGIN_DIR}) [env DEVICE_PLUGIN_PATH]",
+    )
+    run.add_argument(
+        "--kubelet-socket",
+        default=_env(environ, "KUBELET_SOCKET", "kubelet.sock"),
+        help="kubelet registration socket, relative to --device-plugin-path [env KUBELET_SOCKET]",
+    )
+    run.add_argument(
+        "--simulate-events",
+        metavar="FILE",
+        default=_env(environ, "NVDP_SIMULATE_EVENTS"),
+        help="JSON-lines file of injected health events for --simulate [env NVDP_SIMULATE_EVENTS]",
+    )
+    run.add_argument(
+        "--metrics-address",
+        default=_env(environ, "NVDP_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
+        help=f"host:port for /metrics, /healthz, /readyz (default {DEFAULT_METRICS_ADDRESS}; empty disables) "
+        "[env NVDP_METRICS_ADDRESS]",
+    )
+
+    demo = commands.add_parser("demo", help="run the daemon on a simulated node against a kubelet stand-in")
+    common(demo, "dgx-a100")
+    demo.add_argument(
+        "--pod-devices", type=int, default=2, help="devices the sample pod asks for (default 2)"
+    )
+
+    plan = commands.add_parser("plan", help="print the resources and device IDs this node would advertise")
+    common(plan, None)
+    plan.add_argument("--output", choices=("table", "json"), default="table")
+
+    check = commands.add_parser("check-config", help="validate a config file; non-zero exit with the error")
+    check.add_argument("file", help="config file (YAML or JSON, version: v1)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ if environ is None else environ)
+    if not any(a in COMMANDS for a in args_list) and not {"-h", "--help", "--version"} & set(args_list):
+        args_list.insert(0, "run")
+    args = build_parser(env).parse_args(args_list)
+    if args.command == "check-config":
+        return _check_config(args.file)
+    configure_logging(args.log_level, args.log_format)
+
+    def load_config() -> Config:
+        return resolve_config(args, env)
+
+    try:
+        if args.command == "plan":
+            return _plan(args, load_config)
+        if args.command == "demo":
+            from nvidia_device_plugin.demo import run_demo
+
+            return run_demo(args.simulate, load_config, sys.stdout, pod_devices=args.pod_devices)
+        return _run(args, env, load_config)
+    except DevicePluginError as exc:
+        log.error("%s", exc)
+        print(f"nvidia-device-plugin: {exc}", file=sys.stderr)
+        return 1
+
+
+def _check_config(path: str) -> int:
+    try:
+        load_config_file(path)
+    except DevicePluginError as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 1
+    print(f"{path}: valid")
+    return 0
+
+
+def _plan(args: argparse.Namespace, load_config: Callable[[], Config]) -> int:
+    from nvidia_device_plugin.nvml.backend import open_nvml
+    from nvidia_device_plugin.nvml.discovery import discover
+    from nvidia_device_plugin.planview import plan_to_json, render_plan_table
+    from nvidia_device_plugin.resources import build_resources
+
+    config = load_config()
+    session = open_nvml(args.simulate)
+    try:
+        inventory = discover(session.nv, session.sysfs_root)
+    finally:
+        session.close()
+    plans = build_resources(inventory, config)
+    if args.output == "json":
+        print(json.dumps(plan_to_json(plans, inventory), indent=2))
+    else:
+        print(render_plan_table(plans, inventory))
+    return 0
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Callable[[], Config]) -> int:
+    from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+    from nvidia_device_plugin.metrics import start_metrics
+
+    source = config_source(args, environ)
+
+    def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
+        return ConfigWatcher(source, on_change)
+
+    daemon = Daemon(
+        DaemonOptions(
+            plugin_dir=Path(args.device_plugin_path),
+            load_config=load_config,
+            watch=watcher if source.watch_paths() else None,
+            simulate=args.simulate,
+            simulate_events=Path(args.simulate_events) if args.simulate_events else None,
+            kubelet_socket=args.kubelet_socket,
+        )
+    )
+    # Signals are taken synchronously with sigwait: a Python handler that sets an Event can deadlock
+    # when the signal lands while the main thread holds that Event's lock. Blocking them before any
+    # thread starts makes every thread inherit the mask, so only sigwait ever sees them.
+    handled = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+    metrics = start_metrics(args.metrics_address, daemon) if args.metrics_address else None
+    try:
+        daemon.start()
+        while True:
+            signum = signal.sigwait(handled)
+            if signum == signal.SIGHUP:
+                daemon.reload("SIGHUP")
+                continue
+            log.info("received %s", signal.Signals(signum).name)
+            break
+    finally:
+        daemon.stop()
+        if metrics is not None:
+            metrics.stop()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
+    return 0

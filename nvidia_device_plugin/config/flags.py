@@ -1,0 +1,377 @@
+"""Where each setting comes from: CLI flag > environment variable > config file > default.
+
+The flag and environment-variable names are NVIDIA's (cmd/nvidia-device-plugin/main.go), so a DaemonSet
+written for NVIDIA's plugin configures this one the same way. Conventions, as in NVIDIA's urfave/cli flags:
+
+- Booleans: `--pass-device-specs` alone means true; `--pass-device-specs=false` (or `true`, `1`, `0`, `yes`,
+  `no`, `t`, `f`, case-insensitive) sets it explicitly. Environment values use the same words.
+- Lists (`--device-list-strategy`, `--imex-channel-ids`): comma-separated, and the flag may be repeated.
+- Where NVIDIA lists several environment variables for one flag, the first one set wins.
+- An environment variable set to the empty string counts as unset (NVIDIA would apply the empty value).
+
+The config file is chosen by `--config-file` (env CONFIG_FILE, NVIDIA's), or by a directory holding several
+configs as a ConfigMap mounted whole: `--config-dir` (env NVDP_CONFIG_DIR), `--config-name` (env
+NVDP_CONFIG_NAME, e.g. the node's `nvidia.com/device-plugin.config` label) and `--config-default` (env
+NVDP_CONFIG_DEFAULT) for nodes whose named config does not exist. These three are this plugin's own: NVIDIA
+does the same job with a config-manager sidecar that copies the chosen file.
+
+Health checks keep NVIDIA's environment switches (internal/rm/health.go), applied over the config's `health`
+section (see `apply_health_env`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from nvidia_device_plugin.config.loader import Override, build_config
+from nvidia_device_plugin.config.source import ConfigSource
+from nvidia_device_plugin.config.v1 import Config, Health
+from nvidia_device_plugin.errors import ConfigError
+
+__all__ = [
+    "CONFIG_OPTIONS",
+    "DISABLE_HEALTHCHECKS_ENV",
+    "ENABLE_HEALTHCHECKS_ENV",
+    "ConfigOption",
+    "Override",
+    "add_config_arguments",
+    "apply_health_env",
+    "build_config",
+    "config_source",
+    "overrides_from",
+    "parse_bool",
+    "resolve_config",
+]
+
+logger = logging.getLogger(__name__)
+
+DISABLE_HEALTHCHECKS_ENV = "DP_DISABLE_HEALTHCHECKS"
+ENABLE_HEALTHCHECKS_ENV = "DP_ENABLE_HEALTHCHECKS"
+
+_TRUE = frozenset({"true", "t", "1", "yes"})
+_FALSE = frozenset({"false", "f", "0", "no"})
+_XID = re.compile(r"[0-9]+")
+
+OptionKind = Literal["str", "bool", "list", "ints"]
+
+
+@dataclass(frozen=True)
+class ConfigOption:
+    """One config setting that a CLI flag or an environment variable may also set."""
+
+    path: str  # where it lives in the config document, e.g. "flags.plugin.passDeviceSpecs"
+    flags: tuple[str, ...]  # argparse option strings; the first names it in errors
+    env: tuple[str, ...]  # environment variables, first set wins
+    kind: OptionKind
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flags[0].removeprefix("--").replace("-", "_")
+
+
+CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
+    ConfigOption(
+        "flags.migStrategy",
+        ("--mig-strategy",),
+        ("MIG_STRATEGY",),
+        "str",
+        "how MIG devices are advertised: none, single or mixed",
+    ),
+    ConfigOption(
+        "flags.failOnInitError",
+        ("--fail-on-init-error",),
+        ("FAIL_ON_INIT_ERROR",),
+        "bool",
+        "exit when initialisation fails instead of waiting forever",
+    ),
+    ConfigOption(
+        "flags.nvidiaDriverRoot",
+        ("--nvidia-driver-root", "--driver-root"),
+        ("NVIDIA_DRIVER_ROOT",),
+        "str",
+        "root of the NVIDIA driver installation on the host ('/' or '/run/nvidia/driver')",
+    ),
+    ConfigOption(
+        "flags.nvidiaDevRoot",
+        ("--nvidia-dev-root", "--dev-root"),
+        ("NVIDIA_DEV_ROOT",),
+        "str",
+        "root of the NVIDIA device nodes on the host (default: the driver root)",
+    ),
+    ConfigOption(
+        "flags.mpsRoot",
+        ("--mps-root",),
+        ("MPS_ROOT",),
+        "str",
+        "host directory where the MPS control daemons keep their pipes and logs",
+    ),
+    ConfigOption(
+        "flags.gdsEnabled",
+        ("--gds-enabled",),
+        ("GDS_ENABLED",),
+        "bool",
+        "start containers with GPUDirect Storage",
+    ),
+    ConfigOption(
+        "flags.mofedEnabled", ("--mofed-enabled",), ("MOFED_ENABLED",), "bool", "start containers with MOFED"
+    ),
+    ConfigOption(
+        "flags.gdrcopyEnabled",
+        ("--gdrcopy-enabled",),
+        ("GDRCOPY_ENABLED",),
+        "bool",
+        "start containers with GDRCopy",
+    ),
+    ConfigOption(
+        "flags.deviceDiscoveryStrategy",
+        ("--device-discovery-strategy",),
+        ("DEVICE_DISCOVERY_STRATEGY",),
+        "str",
+        "auto, nvml or tegra (accepted for compatibility; discovery always uses NVML)",
+    ),
+    ConfigOption(
+        "flags.plugin.passDeviceSpecs",
+        ("--pass-device-specs",),
+        ("PASS_DEVICE_SPECS",),
+        "bool",
+        "pass device node specs to kubelet on Allocate (for the static CPU manager)",
+    ),
+    ConfigOption(
+        "flags.plugin.deviceListStrategy",
+        ("--device-list-strategy",),
+        ("DEVICE_LIST_STRATEGY",),
+        "list",
+        "how containers get their devices: envvar, volume-mounts, cdi-annotations, cdi-cri (comma-separated)",
+    ),
+    ConfigOption(
+        "flags.plugin.deviceIDStrategy",
+        ("--device-id-strategy",),
+        ("DEVICE_ID_STRATEGY",),
+        "str",
+        "how devices are named to the container runtime: uuid or index",
+    ),
+    ConfigOption(
+        "flags.plugin.cdiAnnotationPrefix",
+        ("--cdi-annotation-prefix",),
+        ("CDI_ANNOTATION_PREFIX",),
+        "str",
+        "prefix of CDI annotation keys",
+    ),
+    ConfigOption(
+        "flags.plugin.nvidiaCTKPath",
+        ("--nvidia-cdi-hook-path", "--nvidia-ctk-path"),
+        ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
+        "str",
+        "path of the NVIDIA CDI hook written into CDI specs",
+    ),
+    ConfigOption(
+        "flags.plugin.containerDriverRoot",
+        ("--container-driver-root", "--driver-root-ctr-path"),
+        ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
+        "str",
+        "where the driver root is mounted inside this container (for CDI specs)",
+    ),
+    ConfigOption(
+        "imex.channelIDs",
+        ("--imex-channel-ids",),
+        ("IMEX_CHANNEL_IDS",),
+        "ints",
+        "IMEX channels to inject (accepted for compatibility; not injected)",
+    ),
+    ConfigOption(
+        "imex.required",
+        ("--imex-required",),
+        ("IMEX_REQUIRED",),
+        "bool",
+        "whether the IMEX channels are required (accepted for compatibility)",
+    ),
+)
+
+# Config-source options: (dest, flag, env).
+_SOURCE_OPTIONS = (
+    ("config_file", "--config-file", "CONFIG_FILE"),
+    ("config_dir", "--config-dir", "NVDP_CONFIG_DIR"),
+    ("config_name", "--config-name", "NVDP_CONFIG_NAME"),
+    ("config_default", "--config-default", "NVDP_CONFIG_DEFAULT"),
+)
+_SOURCE_HELP = {
+    "config_file": "the config file (YAML or JSON, NVIDIA's version: v1 format)",
+    "config_dir": "a directory of named configs (a ConfigMap mounted whole); pick one with --config-name",
+    "config_name": "which file in --config-dir to use (e.g. the node's nvidia.com/device-plugin.config)",
+    "config_default": "the file in --config-dir to use when --config-name is unset or does not exist",
+}
+
+
+def parse_bool(text: str) -> bool | None:
+    """NVIDIA-style boolean words (true/false, 1/0, yes/no, t/f, any case); None for anything else."""
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    return None
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the config-source flags and every `CONFIG_OPTIONS` flag; all default to None ("not given")."""
+    group = parser.add_argument_group(
+        "configuration (precedence: flag > environment variable > file > default)"
+    )
+    for dest, flag, env in _SOURCE_OPTIONS:
+        metavar = "NAME" if dest in ("config_name", "config_default") else "PATH"
+        group.add_argument(
+            flag, dest=dest, default=None, metavar=metavar, help=f"{_SOURCE_HELP[dest]} [env {env}]"
+        )
+    for option in CONFIG_OPTIONS:
+        help_text = f"{option.help} [env {' or '.join(option.env)}]"
+        if option.kind == "bool":
+            group.add_argument(
+                *option.flags,
+                dest=option.dest,
+                nargs="?",
+                const="true",
+                default=None,
+                metavar="BOOL",
+                help=help_text,
+            )
+        elif option.kind in ("list", "ints"):
+            group.add_argument(
+                *option.flags, dest=option.dest, action="append", default=None, metavar="A,B", help=help_text
+            )
+        else:
+            group.add_argument(*option.flags, dest=option.dest, default=None, metavar="VALUE", help=help_text)
+
+
+def overrides_from(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Override]:
+    """Config path -> value for every option given on the command line or in the environment (CLI wins)."""
+    overrides: dict[str, Override] = {}
+    for option in CONFIG_OPTIONS:
+        given = getattr(args, option.dest, None)
+        if given is not None:
+            origin = f"flag {option.flags[0]}"
+            overrides[option.path] = Override(_convert(option, given, origin), origin)
+            continue
+        for name in option.env:
+            text = environ.get(name)
+            if text is not None and text.strip():
+                origin = f"env {name}"
+                overrides[option.path] = Override(_convert(option, text, origin), origin)
+                break
+    return overrides
+
+
+def _convert(option: ConfigOption, given: object, origin: str) -> object:
+    """A flag or environment value (a string, or argparse's list) as the config document holds it."""
+    texts = [str(item) for item in given] if isinstance(given, list) else [str(given)]
+    if option.kind == "bool":
+        value = parse_bool(texts[-1])
+        if value is None:
+            raise ConfigError(
+                f"{origin}: {option.path} must be a boolean (true/false, 1/0, yes/no), got {texts[-1]!r}"
+            )
+        return value
+    if option.kind == "str":
+        return texts[-1].strip()
+    parts = [part.strip() for text in texts for part in text.split(",") if part.strip()]
+    if option.kind == "list":
+        return parts
+    bad = [part for part in parts if not re.fullmatch(r"-?[0-9]+", part)]
+    if bad:
+        raise ConfigError(
+            f"{origin}: {option.path} must be a comma-separated list of integers, got {bad[0]!r}"
+        )
+    return [int(part) for part in parts]
+
+
+def config_source(args: argparse.Namespace, environ: Mapping[str, str]) -> ConfigSource:
+    """The config file or directory named by the flags, else by the environment, else none (defaults).
+
+    The command line decides the mode on its own when it names a file or a directory, so that an image's
+    CONFIG_FILE does not collide with a `--config-dir` given at run time.
+    """
+    cli: dict[str, str | None] = {dest: getattr(args, dest, None) or None for dest, _, _ in _SOURCE_OPTIONS}
+    env: dict[str, str | None] = {dest: environ.get(name) or None for dest, _, name in _SOURCE_OPTIONS}
+    if cli["config_file"] or cli["config_dir"]:
+        file, directory, where = cli["config_file"], cli["config_dir"], "on the command line"
+    else:
+        file, directory, where = env["config_file"], env["config_dir"], "in the environment"
+    if file and directory:
+        raise ConfigError(
+            f"config file {file!r} and config directory {directory!r} are both given {where}; use either "
+            "--config-file (CONFIG_FILE) or --config-dir (NVDP_CONFIG_DIR)"
+        )
+    if directory:
+        name = cli["config_name"] or env["config_name"]
+        default = cli["config_default"] or env["config_default"]
+        return ConfigSource.from_directory(Path(directory), name=name, default_name=default)
+    if cli["config_name"] or cli["config_default"]:
+        raise ConfigError(
+            "--config-name and --config-default choose a file inside --config-dir; give --config-dir"
+        )
+    # NVDP_CONFIG_NAME/NVDP_CONFIG_DEFAULT alone mean nothing without a directory; ignore them.
+    return ConfigSource.from_file(Path(file)) if file else ConfigSource()
+
+
+def resolve_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
+    """The whole precedence chain: the chosen file, flag and environment overrides, health env vars."""
+    source = config_source(args, environ)
+    config = source.load(overrides_from(args, environ))
+    return replace(config, health=apply_health_env(config.health, environ))
+
+
+def apply_health_env(health: Health, environ: Mapping[str, str]) -> Health:
+    """`health` with NVIDIA's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS applied on top.
+
+    Both are comma-separated lists of XIDs, or `all` (`xids` is a synonym: XID events are the only health
+    check NVIDIA has). Following NVIDIA's internal/rm/health.go:
+    - DP_DISABLE_HEALTHCHECKS=all turns health checks off;
+    - DP_DISABLE_HEALTHCHECKS=48,79 adds those XIDs to the ignored set (the config's list, or the default);
+    - DP_ENABLE_HEALTHCHECKS lists XIDs that count even when ignored (the default application XIDs too);
+      with DP_DISABLE_HEALTHCHECKS=all only those XIDs are critical, and DP_ENABLE_HEALTHCHECKS=all makes
+      every XID critical. (NVIDIA documents the "disable all but these" form, but its code then disables
+      everything; we follow the documentation.)
+    Entries that are not XIDs are ignored with a warning, as NVIDIA ignores them.
+    """
+    disable_all, disabled = _xid_selection(
+        environ.get(DISABLE_HEALTHCHECKS_ENV, ""), DISABLE_HEALTHCHECKS_ENV
+    )
+    enable_all, enabled = _xid_selection(environ.get(ENABLE_HEALTHCHECKS_ENV, ""), ENABLE_HEALTHCHECKS_ENV)
+    if enable_all:
+        return replace(health, disabled=False, ignored_xids=frozenset(), critical_xids=None)
+    if disable_all:
+        if not enabled:
+            return replace(health, disabled=True)
+        return replace(
+            health, disabled=False, ignored_xids=health.ignored_xids - enabled, critical_xids=enabled
+        )
+    if not disabled and not enabled:
+        return health
+    critical = health.critical_xids | enabled if health.critical_xids is not None else None
+    return replace(
+        health,
+        disabled=health.disabled and not enabled,
+        ignored_xids=(health.ignored_xids | disabled) - enabled,
+        critical_xids=critical,
+    )
+
+
+def _xid_selection(value: str, name: str) -> tuple[bool, frozenset[int]]:
+    """(all, xids) named by one of the health environment variables."""
+    xids: set[int] = set()
+    for token in (t.strip() for t in value.lower().split(",")):
+        if token in ("all", "xids"):
+            return True, frozenset()
+        if not token:
+            continue
+        if _XID.fullmatch(token):
+            xids.add(int(token))
+        else:
+            logger.warning("%s: ignoring %r, which is not an XID", name, token)
+    return False, frozenset(xids)

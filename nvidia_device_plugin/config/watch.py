@@ -1,0 +1,217 @@
+"""Live reload: call back once per real change of the config a `ConfigSource` names.
+
+kubelet updates a mounted ConfigMap atomically: it writes the new content into a fresh `..<timestamp>/`
+directory, points a temporary symlink at it and renames that over `..data`; `config.yaml` itself is a symlink
+to `..data/config.yaml` and never changes. So the watch is on the mount directory (watchdog, inotify on
+Linux), and every event there only means "look again": the watcher compares a hash of what the source
+resolves to now with the last one and calls back only when it differs. A touch, or a rewrite with the same
+bytes, does not call back; a change to a file that does not parse does (the daemon decides what to do).
+
+Events are debounced (`debounce_seconds` of quiet before looking) so that a burst of events is one look.
+A cheap look every `poll_interval_seconds` backs the events up, because inotify can miss changes: the watched
+directory may not exist yet when the watch starts (the volume mounts later), may be replaced wholesale (the
+old inode's watch goes dead), the kernel's event queue may overflow, and some filesystems (NFS, FUSE) deliver
+no events at all. Hashing a small file every few seconds costs nothing next to missing a reconfiguration.
+
+Start the watcher before the first load: a change between the load and `start()` would otherwise be missed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
+from nvidia_device_plugin.config.source import ConfigSource
+from nvidia_device_plugin.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# Reading the file ourselves produces these; reacting to them would make every look trigger the next one.
+_READ_ONLY_EVENTS = frozenset({"opened", "closed_no_write"})
+
+Fingerprint = tuple[str, str] | None  # (path resolved to, content hash), None when there is no file
+
+
+def fingerprint(source: ConfigSource) -> Fingerprint:
+    """What the source names now: the path it resolves to and a hash of that file's bytes."""
+    try:
+        path = source.resolve()
+    except ConfigError:
+        return ("<unresolved>", "")  # neither candidate exists; one appearing later is a change
+    if path is None:
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return (str(path), f"<unreadable: {exc.strerror or exc}>")
+    return (str(path), hashlib.sha256(data).hexdigest())
+
+
+class _Wake(FileSystemEventHandler):
+    def __init__(self, dirty: threading.Event) -> None:
+        self._dirty = dirty
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type not in _READ_ONLY_EVENTS:
+            self._dirty.set()
+
+
+class ConfigWatcher:
+    """Calls `on_change()` from its own thread whenever the content behind `source` changes."""
+
+    def __init__(
+        self,
+        source: ConfigSource,
+        on_change: Callable[[], object],
+        debounce_seconds: float = 0.2,
+        poll_interval_seconds: float = 5.0,
+    ) -> None:
+        self._source = source
+        self._on_change = on_change
+        self._debounce = debounce_seconds
+        self._poll_interval = poll_interval_seconds
+        self._stop = threading.Event()
+        self._dirty = threading.Event()
+        self._lock = threading.Lock()  # guards _observer between the worker and stop()
+        self._last: Fingerprint = None
+        self._checks = 0
+        self._observer: BaseObserver | None = None
+        self._observer_failed = False
+        self._worker: threading.Thread | None = None
+
+    @property
+    def checks_done(self) -> int:
+        """How many times the content has been compared so far (for tests and debugging)."""
+        return self._checks
+
+    @property
+    def watching_events(self) -> bool:
+        """Whether filesystem events are being received (False: only the periodic check runs)."""
+        with self._lock:
+            return self._observer is not None
+
+    def start(self) -> None:
+        if self._worker is not None:
+            raise RuntimeError("ConfigWatcher already started")
+        self._last = fingerprint(self._source)
+        self._ensure_observer()
+        self._worker = threading.Thread(target=self._run, name="config-watcher", daemon=True)
+        self._worker.start()
+        logger.info("watching %s for changes", self._source.describe())
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop and join every thread (waits up to `timeout` for a running `on_change` to return)."""
+        self._stop.set()
+        self._dirty.set()
+        with self._lock:
+            observer, self._observer = self._observer, None
+        if observer is not None:
+            _stop_observer(observer, timeout)
+        worker, self._worker = self._worker, None
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
+            if worker.is_alive():
+                logger.warning("config watcher did not stop within %.1fs (on_change still running)", timeout)
+
+    def __enter__(self) -> ConfigWatcher:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _ensure_observer(self) -> None:
+        """Receive events if we do not yet: at start, and again after the watch was lost or never made."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            if self._observer is not None:
+                if _observer_healthy(self._observer):
+                    return
+                logger.warning("lost the filesystem watch on %s; re-creating it", self._source.describe())
+                _stop_observer(self._observer, 1.0)
+                self._observer = None
+            self._observer = self._start_observer()
+
+    def _start_observer(self) -> BaseObserver | None:
+        paths = self._source.watch_paths()
+        if not paths:
+            return None
+        observer = Observer()
+        observer.name = "config-watcher-events"
+        reader = getattr(observer, "_inotify_fd", None)  # watchdog's inotify reader thread, unnamed otherwise
+        if isinstance(reader, threading.Thread):
+            reader.name = "config-watcher-inotify"
+        handler = _Wake(self._dirty)
+        try:
+            for path in paths:
+                observer.schedule(handler, str(path), recursive=False)
+            for i, emitter in enumerate(observer.emitters):
+                emitter.name = f"config-watcher-emitter-{i}"
+            observer.start()
+        except OSError as exc:
+            _stop_observer(observer, 1.0)
+            if not self._observer_failed:
+                logger.warning(
+                    "cannot watch %s (%s); checking for changes every %.0fs until it can",
+                    ", ".join(str(p) for p in paths),
+                    exc.strerror or exc,
+                    self._poll_interval,
+                )
+            self._observer_failed = True
+            return None
+        if self._observer_failed:
+            logger.info("watching %s for events again", ", ".join(str(p) for p in paths))
+            self._observer_failed = False
+        return observer
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            woken = self._dirty.wait(self._poll_interval)
+            if self._stop.is_set():
+                break
+            if woken:
+                self._settle()
+                if self._stop.is_set():
+                    break
+            self._ensure_observer()
+            self._check()
+
+    def _settle(self) -> None:
+        """Wait until events have been quiet for the debounce period (bounded: a flood cannot starve us)."""
+        for _ in range(20):
+            self._dirty.clear()
+            if self._stop.wait(self._debounce) or not self._dirty.is_set():
+                return
+        self._dirty.clear()
+
+    def _check(self) -> None:
+        current = fingerprint(self._source)
+        if current != self._last:
+            self._last = current
+            logger.info("config changed: %s", current[0] if current else self._source.describe())
+            try:
+                self._on_change()
+            except Exception:
+                logger.exception("config change handler failed")
+        self._checks += 1
+
+
+def _observer_healthy(observer: BaseObserver) -> bool:
+    # An emitter stops by itself when its directory is deleted; the observer then hears nothing.
+    return observer.is_alive() and all(emitter.is_alive() for emitter in list(observer.emitters))
+
+
+def _stop_observer(observer: BaseObserver, timeout: float) -> None:
+    observer.stop()  # also stops and joins the emitters and watchdog's inotify reader
+    if observer.is_alive():
+        observer.join(timeout)

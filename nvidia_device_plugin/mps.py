@@ -1,0 +1,413 @@
+"""MPS sharing: what a client container needs, and the control daemons that serve it.
+
+One `nvidia-cuda-mps-control -d` runs per shared GPU, with `CUDA_VISIBLE_DEVICES` set to that GPU alone.
+NVIDIA's plugin runs one daemon per resource instead. One per GPU is used here for two reasons. An MPS
+server that hits a fatal fault takes all its clients down, and with one daemon per GPU that is one GPU's
+clients, not the whole node's. And with a single visible GPU the daemon's device ordinal 0 always means
+that GPU, so the pinned-memory limit lands on the right device. A container gets at most one MPS replica
+(NVIDIA refuses larger MPS requests too), so it always needs exactly one pipe directory.
+
+Host paths under `mps_root` (`flags.mpsRoot`, default /run/nvidia/mps), which must be the same path on the
+host and in the plugin container:
+
+    <mps_root>/<resource>/<gpu-uuid>/pipe   the daemon's CUDA_MPS_PIPE_DIRECTORY
+    <mps_root>/<resource>/<gpu-uuid>/log    its CUDA_MPS_LOG_DIRECTORY
+    <mps_root>/shm                          shared memory, seen as /dev/shm by the daemons and clients
+
+The container sees what NVIDIA's plugin gives it: /mps/<resource>/pipe, /mps/<resource>/log (read-only),
+and /dev/shm. Its limits are the GPU's memory and SMs split evenly among the replicas:
+CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<memory / replicas, in MiB>M" and
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<100 // replicas>. The daemon gets the same values as its defaults
+(`set_default_device_pinned_mem_limit`, `set_default_active_thread_percentage`). The daemon's values are
+the ones that hold, because a container can change its own environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import subprocess
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvidia_device_plugin.api.v1beta1 import api_pb2
+from nvidia_device_plugin.resources import ResourcePlan
+
+log = logging.getLogger(__name__)
+
+CONTROL_EXECUTABLE = "nvidia-cuda-mps-control"
+PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon into its pipe directory
+CONTAINER_ROOT = "/mps"
+CONTAINER_SHM_DIR = "/dev/shm"
+_MIB = 1024 * 1024
+
+
+def host_pipe_dir(mps_root: str, resource_name: str, gpu_uuid: str) -> str:
+    return posixpath.join(mps_root, resource_name, gpu_uuid, "pipe")
+
+
+def host_log_dir(mps_root: str, resource_name: str, gpu_uuid: str) -> str:
+    return posixpath.join(mps_root, resource_name, gpu_uuid, "log")
+
+
+def host_shm_dir(mps_root: str) -> str:
+    return posixpath.join(mps_root, "shm")
+
+
+def container_pipe_dir(resource_name: str) -> str:
+    return posixpath.join(CONTAINER_ROOT, resource_name, "pipe")
+
+
+def container_log_dir(resource_name: str) -> str:
+    return posixpath.join(CONTAINER_ROOT, resource_name, "log")
+
+
+def pinned_memory_limit_mib(memory_bytes: int, replicas: int) -> int:
+    """Each replica's share of the device memory, in whole MiB (rounded down)."""
+    return memory_bytes // max(replicas, 1) // _MIB
+
+
+def active_thread_percentage(replicas: int) -> int:
+    """Each replica's share of the SMs, in whole percent (rounded down, at least 1)."""
+    return max(100 // max(replicas, 1), 1)
+
+
+def replica_counts(plan: ResourcePlan) -> Counter[str]:
+    """Replicas per physical device in `plan` (devices the plan does not share are absent)."""
+    return Counter(d.physical_uuid for d in plan.devices if d.replica is not None)
+
+
+def client_envs(resource_name: str, memory_bytes: int, replicas: int) -> dict[str, str]:
+    """Environment for a container holding one MPS replica of a device with `memory_bytes`."""
+    return {
+        "CUDA_MPS_PIPE_DIRECTORY": container_pipe_dir(resource_name),
+        "CUDA_MPS_LOG_DIRECTORY": container_log_dir(resource_name),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={pinned_memory_limit_mib(memory_bytes, replicas)}M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(active_thread_percentage(replicas)),
+    }
+
+
+def client_mounts(resource_name: str, gpu_uuid: str, mps_root: str) -> list[api_pb2.Mount]:
+    """Mounts for a container holding an MPS replica of `gpu_uuid`: its daemon's pipe and log, and shm."""
+    return [
+        api_pb2.Mount(
+            container_path=container_pipe_dir(resource_name),
+            host_path=host_pipe_dir(mps_root, resource_name, gpu_uuid),
+        ),
+        api_pb2.Mount(
+            container_path=container_log_dir(resource_name),
+            host_path=host_log_dir(mps_root, resource_name, gpu_uuid),
+            read_only=True,
+        ),
+        api_pb2.Mount(container_path=CONTAINER_SHM_DIR, host_path=host_shm_dir(mps_root)),
+    ]
+
+
+@dataclass(frozen=True)
+class MpsDaemonSpec:
+    """One control daemon: the shared GPU it serves and the limits it hands to its clients."""
+
+    resource_name: str
+    gpu_uuid: str
+    pipe_dir: str
+    log_dir: str
+    pinned_memory_limit_mib: int
+    active_thread_percentage: int
+
+    def env(self) -> dict[str, str]:
+        return {
+            "CUDA_VISIBLE_DEVICES": self.gpu_uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir,
+            "CUDA_MPS_LOG_DIRECTORY": self.log_dir,
+        }
+
+    def setup_commands(self) -> tuple[str, ...]:
+        """Control commands that set the client defaults; device 0 is the only GPU the daemon sees."""
+        return (
+            f"set_default_device_pinned_mem_limit 0 {self.pinned_memory_limit_mib}M",
+            f"set_default_active_thread_percentage {self.active_thread_percentage}",
+        )
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.gpu_uuid} ({self.resource_name})"
+
+
+def daemon_specs(plan: ResourcePlan, mps_root: str) -> tuple[MpsDaemonSpec, ...]:
+    """One daemon per device that `plan` shares with MPS, in plan order; none for other plans."""
+    if plan.sharing != "mps":
+        return ()
+    counts = replica_counts(plan)
+    specs: dict[str, MpsDaemonSpec] = {}
+    for dev in plan.devices:
+        if dev.replica is None or dev.physical_uuid in specs:
+            continue
+        replicas = counts[dev.physical_uuid]
+        specs[dev.physical_uuid] = MpsDaemonSpec(
+            resource_name=plan.name,
+            gpu_uuid=dev.physical_uuid,
+            pipe_dir=host_pipe_dir(mps_root, plan.name, dev.physical_uuid),
+            log_dir=host_log_dir(mps_root, plan.name, dev.physical_uuid),
+            pinned_memory_limit_mib=pinned_memory_limit_mib(dev.memory_bytes, replicas),
+            active_thread_percentage=active_thread_percentage(replicas),
+        )
+    return tuple(specs.values())
+
+
+@dataclass
+class _DaemonState:
+    spec: MpsDaemonSpec
+    pid: int | None = None  # of the running daemon, once seen
+    configured: bool = False
+    failures: int = 0  # consecutive failed starts or deaths; sets the backoff
+    next_attempt: float = 0.0  # monotonic time before which no start or setup is tried
+    ready_since: float = 0.0
+
+
+class MpsDaemonSupervisor:
+    """Keeps one MPS control daemon running per GPU that `plans` share with MPS, restarting dead ones.
+
+    `nvidia-cuda-mps-control -d` forks the daemon and returns, so the daemon is not our child. It is
+    found through the pid file it writes into its pipe directory. That also lets a restarted plugin adopt
+    the daemons still running from its previous life instead of starting a second set. `stop()` sends
+    `quit` to each daemon through a control client, as `echo quit | nvidia-cuda-mps-control` does.
+    """
+
+    def __init__(
+        self,
+        plans: Sequence[ResourcePlan],
+        mps_root: str,
+        *,
+        control_path: str = CONTROL_EXECUTABLE,
+        simulated: bool = False,
+        base_env: Mapping[str, str] | None = None,
+        check_interval_s: float = 1.0,
+        start_timeout_s: float = 10.0,
+        command_timeout_s: float = 10.0,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+    ) -> None:
+        self._states = [_DaemonState(spec) for plan in plans for spec in daemon_specs(plan, mps_root)]
+        self._control_path = control_path
+        self._simulated = simulated
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._check_interval_s = check_interval_s
+        self._start_timeout_s = start_timeout_s
+        self._command_timeout_s = command_timeout_s
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def daemons(self) -> tuple[MpsDaemonSpec, ...]:
+        return tuple(s.spec for s in self._states)
+
+    def start(self) -> None:
+        if self._simulated:
+            log.info("MPS control daemon not started: simulated node")
+            self._ready.set()
+            return
+        if not self._states:
+            self._ready.set()
+            return
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
+        self._thread.start()
+
+    def ready(self) -> bool:
+        """True once every daemon is running with its client defaults set (always, when simulated)."""
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        return self._ready.wait(timeout_s)
+
+    def stop(self, quit_daemons: bool = True) -> None:
+        """Stop supervising and, unless told not to, quit every daemon that is running.
+
+        Quitting a daemon ends the MPS work of every container using it. `quit_daemons=False` leaves the
+        daemons to a successor supervisor, which adopts the ones it still wants.
+        """
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        self._ready.clear()
+        if not quit_daemons:
+            return
+        for state in self._states:
+            pid = running_pid(state.spec.pipe_dir)
+            if pid is None:
+                continue
+            ok, output = self._send(state.spec, "quit")
+            if not ok:
+                log.warning("MPS control daemon for %s did not take 'quit': %s", state.spec.label, output)
+                continue
+            if self._wait_gone(pid):
+                log.info("MPS control daemon for %s stopped (pid %d)", state.spec.label, pid)
+            else:
+                log.warning(
+                    "MPS control daemon for %s (pid %d) still running after 'quit'", state.spec.label, pid
+                )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for state in self._states:
+                if self._stop.is_set():
+                    return
+                self._check(state)
+            if all(s.configured for s in self._states):
+                self._ready.set()
+            else:
+                self._ready.clear()
+            self._stop.wait(self._check_interval_s)
+
+    def _check(self, state: _DaemonState) -> None:
+        spec = state.spec
+        now = time.monotonic()
+        pid = running_pid(spec.pipe_dir)
+        if pid is not None and state.pid is not None and pid != state.pid:
+            log.warning("MPS control daemon for %s was replaced (pid %d, now %d)", spec.label, state.pid, pid)
+            state.configured = False
+        if pid is None and state.pid is not None:
+            log.warning("MPS control daemon for %s (pid %d) exited", spec.label, state.pid)
+            state.pid = None
+            state.configured = False
+            self._failed(state, now)
+        if now < state.next_attempt:
+            return
+        if pid is None:
+            pid = self._launch(spec)
+            if pid is None:
+                self._failed(state, now)
+                return
+        elif state.pid is None:
+            log.info("MPS control daemon for %s already running (pid %d); adopting it", spec.label, pid)
+        state.pid = pid
+        if not state.configured:
+            for command in spec.setup_commands():
+                ok, output = self._send(spec, command)
+                if not ok:
+                    log.warning("MPS control daemon for %s refused %r: %s", spec.label, command, output)
+                    self._failed(state, now)
+                    return
+            state.configured = True
+            state.ready_since = now
+            log.info(
+                "MPS control daemon ready for %s (pid %d, pinned memory %d MiB, active threads %d%%)",
+                spec.label,
+                pid,
+                spec.pinned_memory_limit_mib,
+                spec.active_thread_percentage,
+            )
+        elif state.failures and now - state.ready_since >= self._backoff_max_s:
+            state.failures = 0
+
+    def _failed(self, state: _DaemonState, now: float) -> None:
+        state.failures += 1
+        delay = min(self._backoff_initial_s * 2 ** (state.failures - 1), self._backoff_max_s)
+        state.next_attempt = now + delay
+        log.info("MPS control daemon for %s: next attempt in %.1fs", state.spec.label, delay)
+
+    def _launch(self, spec: MpsDaemonSpec) -> int | None:
+        """Start the daemon; return its pid once its pid file names a live process, else None."""
+        try:
+            for directory in (spec.pipe_dir, spec.log_dir):
+                os.makedirs(directory, mode=0o755, exist_ok=True)
+            Path(spec.pipe_dir, PID_FILE).unlink(missing_ok=True)  # stale: its process is gone
+        except OSError as exc:
+            log.error("MPS control daemon for %s: cannot prepare %s: %s", spec.label, spec.pipe_dir, exc)
+            return None
+        log.info("Starting MPS control daemon for %s", spec.label)
+        ok, output = self._execute(spec, ["-d"], stdin=None)
+        if not ok:
+            log.error("MPS control daemon for %s failed to start: %s", spec.label, output)
+            return None
+        deadline = time.monotonic() + self._start_timeout_s
+        while True:
+            pid = running_pid(spec.pipe_dir)
+            if pid is not None:
+                return pid
+            if self._stop.wait(0.02):
+                return None  # shutting down; the next supervisor adopts it if it came up
+            if time.monotonic() >= deadline:
+                break
+        log.error(
+            "MPS control daemon for %s wrote no live pid to %s within %.0fs",
+            spec.label,
+            posixpath.join(spec.pipe_dir, PID_FILE),
+            self._start_timeout_s,
+        )
+        return None
+
+    def _send(self, spec: MpsDaemonSpec, command: str) -> tuple[bool, str]:
+        return self._execute(spec, [], stdin=command + "\n")
+
+    def _execute(self, spec: MpsDaemonSpec, args: list[str], stdin: str | None) -> tuple[bool, str]:
+        # Output goes to a file, not a pipe: a daemonising child that keeps the pipe open would make
+        # us wait for EOF until it exits.
+        env = {**self._base_env, **spec.env()}
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.run(
+                    [self._control_path, *args],
+                    input=None if stdin is None else stdin.encode(),
+                    stdin=subprocess.DEVNULL if stdin is None else None,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    timeout=self._command_timeout_s,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return False, str(exc)
+            out.seek(0)
+            output = out.read().decode(errors="replace").strip()
+        if proc.returncode != 0:
+            return False, f"exit status {proc.returncode}: {output}"
+        return True, output
+
+    def _wait_gone(self, pid: int) -> bool:
+        deadline = time.monotonic() + self._command_timeout_s
+        while _pid_alive(pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+
+def running_pid(pipe_dir: str) -> int | None:
+    """The pid in the daemon's pid file, if that process is alive."""
+    try:
+        pid = int(Path(pipe_dir, PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed daemon whose parent has not reaped it yet still answers kill(0): look at its state.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    fields = stat.rpartition(")")[2].split()
+    return not fields or fields[0] not in ("Z", "X")

@@ -1,0 +1,215 @@
+"""`--simulate-events FILE`: a JSON-lines file whose lines become events on a SimulatedNvml.
+
+One object per line:
+
+    {"gpu": 0, "xid": 79}                  XID on GPU 0 ("gpu" is a GPU index, GPU UUID or MIG UUID)
+    {"gpu": "MIG-...", "xid": 94}          XID attributed to that MIG device
+    {"gpu": 1, "ecc": "double-bit"}        double-bit ECC error
+    {"gpu": 3, "lost": true}               GPU 3 falls off the bus; {"lost": false} brings it back
+
+The file is read from its beginning (it is the scenario) and then followed: it may appear after start,
+lines may be appended at any time, a last line without its newline waits for it, and a truncated or
+replaced file is read again from its start. Malformed lines are logged once each, with their line
+number, and skipped. Events reach the plugin only through the simulator, so the real health loop
+handles them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+_MAX_LINE_BYTES = 64 * 1024  # longer lines are malformed; this bounds the partial-line buffer
+_READ_BYTES = 1024 * 1024
+
+
+class EventSink(Protocol):
+    """The simulator controls the feeder drives (SimulatedNvml has them)."""
+
+    def inject_xid(self, target: int | str, xid: int) -> None: ...
+    def inject_ecc_double_bit(self, target: int | str) -> None: ...
+    def set_lost(self, target: int | str, lost: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """One parsed line."""
+
+    target: int | str
+    kind: str  # "xid", "ecc", "lost"
+    xid: int | None = None
+    lost: bool | None = None
+
+    def apply(self, sink: EventSink) -> None:
+        if self.kind == "xid" and self.xid is not None:
+            sink.inject_xid(self.target, self.xid)
+        elif self.kind == "ecc":
+            sink.inject_ecc_double_bit(self.target)
+        elif self.kind == "lost" and self.lost is not None:
+            sink.set_lost(self.target, self.lost)
+
+
+class MalformedEvent(ValueError):
+    """A line that is not a valid event; the message says what is wrong with it."""
+
+
+def parse_event(line: str) -> SimEvent:
+    """Parse one line; raises MalformedEvent naming the problem."""
+    try:
+        doc: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise MalformedEvent(f"not JSON: {exc.msg}") from exc
+    if not isinstance(doc, dict):
+        raise MalformedEvent(f"must be a JSON object, got {line.strip()!r}")
+    target = doc.get("gpu")
+    if isinstance(target, bool) or not isinstance(target, int | str):
+        raise MalformedEvent(f'"gpu" must be a GPU index, GPU UUID or MIG UUID, got {target!r}')
+    if isinstance(target, int) and target < 0:
+        raise MalformedEvent(f'"gpu" must be >= 0, got {target}')
+    kinds = [k for k in ("xid", "ecc", "lost") if k in doc]
+    unknown = sorted(set(doc) - {"gpu", "xid", "ecc", "lost"})
+    if unknown:
+        raise MalformedEvent(f'unknown field "{unknown[0]}" (known: gpu, xid, ecc, lost)')
+    if len(kinds) != 1:
+        raise MalformedEvent(f'needs exactly one of "xid", "ecc", "lost", got {kinds or "none"}')
+    kind = kinds[0]
+    value = doc[kind]
+    if kind == "xid":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MalformedEvent(f'"xid" must be a non-negative integer, got {value!r}')
+        return SimEvent(target=target, kind="xid", xid=value)
+    if kind == "ecc":
+        if value != "double-bit":
+            raise MalformedEvent(f'"ecc" must be "double-bit", got {value!r}')
+        return SimEvent(target=target, kind="ecc")
+    if not isinstance(value, bool):
+        raise MalformedEvent(f'"lost" must be true or false, got {value!r}')
+    return SimEvent(target=target, kind="lost", lost=value)
+
+
+class SimulatedEventFeeder:
+    """Follows `path` on a thread ("sim-events") and applies each line to `sim`."""
+
+    def __init__(self, path: Path, sim: EventSink, poll_interval_s: float = 0.05) -> None:
+        self._path = path
+        self._sim = sim
+        self._poll_interval_s = poll_interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._file: Any = None  # the open binary file, or None while the path does not exist
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._offset = 0
+        self._partial = b""
+        self._skipping = False  # inside an over-long line: drop bytes until its newline
+        self._line_number = 0
+        self._applied = 0
+
+    @property
+    def applied_events(self) -> int:
+        """Lines applied to the simulator so far."""
+        return self._applied
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("SimulatedEventFeeder.start() called twice")
+        log.info("simulated events: following %s", self._path)
+        self._thread = threading.Thread(target=self._run, name="sim-events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self._poll_interval_s + 5.0)
+        self._close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except OSError as exc:
+                log.warning("simulated events: reading %s failed: %s", self._path, exc)
+                self._close()
+            self._stop.wait(self._poll_interval_s)
+
+    def poll(self) -> None:
+        """Read whatever is new in the file and apply its complete lines (the thread calls this)."""
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            if self._file is not None:
+                log.info("simulated events: %s was removed; waiting for it to come back", self._path)
+                self._close()
+            return
+        identity = (st.st_dev, st.st_ino)
+        if self._file is not None and (identity != self._identity or st.st_size < self._offset):
+            log.info("simulated events: %s was truncated or replaced; reading it from the start", self._path)
+            self._close()
+        if self._file is None:
+            self._file = open(self._path, "rb")  # noqa: SIM115 - held open across polls, closed in _close
+            opened = os.fstat(self._file.fileno())
+            self._identity = (opened.st_dev, opened.st_ino)
+        while chunk := self._file.read(_READ_BYTES):
+            self._offset += len(chunk)
+            self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> None:
+        if self._skipping:
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                return
+            chunk = chunk[newline + 1 :]
+            self._line_number += 1
+            self._skipping = False
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for raw in lines:
+            self._line_number += 1
+            self._line(raw)
+        if len(self._partial) > _MAX_LINE_BYTES:
+            log.warning(
+                "simulated events: %s line %d is longer than %d bytes; skipped",
+                self._path,
+                self._line_number + 1,
+                _MAX_LINE_BYTES,
+            )
+            self._partial = b""
+            self._skipping = True
+
+    def _line(self, raw: bytes) -> None:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self._malformed("not UTF-8")
+            return
+        if not text.strip():
+            return
+        try:
+            event = parse_event(text)
+        except MalformedEvent as exc:
+            self._malformed(str(exc))
+            return
+        try:
+            event.apply(self._sim)
+        except Exception as exc:  # the simulator rejects the target (ValueError) or an NVML call fails
+            self._malformed(f"the simulator refused it: {exc}")
+            return
+        self._applied += 1
+
+    def _malformed(self, why: str) -> None:
+        log.warning("simulated events: %s line %d skipped: %s", self._path, self._line_number, why)
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
+        self._identity = None
+        self._offset = 0
+        self._partial = b""
+        self._skipping = False
+        self._line_number = 0

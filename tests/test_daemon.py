@@ -1,0 +1,273 @@
+"""The whole daemon on simulated nodes, driven the way kubelet drives it, over real unix sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from nvidia_device_plugin.config.v1 import Config, Flags, Recovery
+from nvidia_device_plugin.config.v1 import Health as HealthConfig
+from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.errors import ConfigError, NvmlError
+from nvidia_device_plugin.kubelet_standin import KubeletStandIn
+
+GPU = "nvidia.com/gpu"
+
+
+def start_daemon(plugin_dir: Path, node: str = "dgx-a100", config: Config | None = None) -> Daemon:
+    daemon = Daemon(
+        DaemonOptions(plugin_dir=plugin_dir, load_config=lambda: config or Config(), simulate=node)
+    )
+    daemon.start()
+    return daemon
+
+
+@pytest.fixture
+def kubelet(plugin_dir: Path) -> Iterator[KubeletStandIn]:
+    with KubeletStandIn(plugin_dir) as k:
+        yield k
+
+
+@pytest.fixture
+def daemon(plugin_dir: Path, kubelet: KubeletStandIn) -> Iterator[Daemon]:
+    d = start_daemon(plugin_dir)
+    assert kubelet.wait_for_resources([GPU])
+    yield d
+    d.stop()
+
+
+def gpu_uuids(daemon: Daemon) -> list[str]:
+    assert daemon.snapshot is not None
+    return [g.uuid for g in daemon.snapshot.inventory.gpus]
+
+
+def test_advertises_every_gpu_with_numa(daemon: Daemon, kubelet: KubeletStandIn) -> None:
+    registration = next(r for r in kubelet.registrations if r.resource_name == GPU)
+    assert registration.endpoint == "nvidia-gpu.sock"
+    assert registration.options.get_preferred_allocation_available
+    devices = kubelet.devices(GPU)
+    assert sorted(devices) == sorted(gpu_uuids(daemon))
+    numa = {d: [n.ID for n in devices[d].topology.nodes] for d in devices}
+    assert [numa[u] for u in gpu_uuids(daemon)] == [[0]] * 4 + [[1]] * 4
+    assert {d.health for d in devices.values()} == {"Healthy"}
+
+
+def test_allocate_returns_visible_devices_per_container(daemon: Daemon, kubelet: KubeletStandIn) -> None:
+    uuids = gpu_uuids(daemon)
+    response = kubelet.allocate(GPU, [[uuids[2], uuids[0]], [uuids[5]]])
+    envs = [dict(c.envs) for c in response.container_responses]
+    assert envs[0]["NVIDIA_VISIBLE_DEVICES"] == f"{uuids[2]},{uuids[0]}"
+    assert envs[1]["NVIDIA_VISIBLE_DEVICES"] == uuids[5]
+
+
+def test_allocate_rejects_unknown_ids_and_keeps_serving(daemon: Daemon, kubelet: KubeletStandIn) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate(GPU, [["GPU-not-a-real-one"]])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "GPU-not-a-real-one" in err.value.details()
+    uuid = gpu_uuids(daemon)[1]
+    assert kubelet.allocate(GPU, [[uuid]]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuid
+
+
+def test_xid_marks_device_unhealthy_and_allocate_refuses_it(daemon: Daemon, kubelet: KubeletStandIn) -> None:
+    assert daemon.nvml is not None and daemon.nvml.simulator is not None
+    uuid = gpu_uuids(daemon)[3]
+    daemon.nvml.simulator.inject_xid(3, 79)
+    assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=5)
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate(GPU, [[uuid]])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert uuid in err.value.details() and "unhealthy" in err.value.details()
+
+
+def test_preferred_allocation_over_the_wire(daemon: Daemon, kubelet: KubeletStandIn) -> None:
+    uuids = gpu_uuids(daemon)
+    chosen = kubelet.preferred(GPU, uuids, [uuids[5]], 4)
+    assert len(chosen) == 4 and uuids[5] in chosen
+    assert set(chosen) <= set(uuids)
+
+
+def test_kubelet_restart_twenty_times(daemon: Daemon, kubelet: KubeletStandIn) -> None:
+    kubelet.restart()
+    assert kubelet.wait_for_resources([GPU])
+    threads_before = threading.active_count()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    uuid = gpu_uuids(daemon)[0]
+    for _ in range(20):
+        kubelet.restart()
+        assert kubelet.wait_for_resources([GPU], timeout=5)
+        assert kubelet.allocate(GPU, [[uuid]]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert kubelet.wait_for(daemon.manager.all_registered)
+    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=5)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 8
+
+
+def test_starts_before_kubelet(plugin_dir: Path) -> None:
+    daemon = start_daemon(plugin_dir, node="t4-single")
+    try:
+        assert (plugin_dir / "nvidia-gpu.sock").exists()
+        with KubeletStandIn(plugin_dir) as kubelet:
+            assert kubelet.wait_for_resources([GPU])
+            assert len(kubelet.devices(GPU)) == 1
+            device = next(iter(kubelet.devices(GPU).values()))
+            assert not device.HasField("topology")  # the T4 box's sysfs does not know its NUMA node
+    finally:
+        daemon.stop()
+    assert not (plugin_dir / "nvidia-gpu.sock").exists()
+
+
+def test_reload_applies_new_replicas_without_restart(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    from nvidia_device_plugin.config.v1 import ReplicatedResource, ReplicatedResources, Sharing
+
+    configs = [Config()]
+    daemon = Daemon(
+        DaemonOptions(plugin_dir=plugin_dir, load_config=lambda: configs[-1], simulate="dgx-a100")
+    )
+    daemon.start()
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        shared = Sharing(
+            time_slicing=ReplicatedResources(resources=(ReplicatedResource(name=GPU, replicas=4),))
+        )
+        configs.append(Config(sharing=shared))
+        assert daemon.reload("test")
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 32, timeout=5)
+        assert all("::" in d for d in kubelet.devices(GPU))
+    finally:
+        daemon.stop()
+
+
+def test_invalid_reload_keeps_serving_last_good_config(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    state: dict[str, Config | None] = {"config": Config()}
+
+    def load() -> Config:
+        if state["config"] is None:
+            raise ConfigError("flags.migStrategy must be one of none, single, mixed, got 'mix'")
+        return state["config"]
+
+    daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=load, simulate="dgx-a100"))
+    daemon.start()
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        state["config"] = None
+        assert not daemon.reload("test")
+        assert len(kubelet.devices(GPU)) == 8
+        assert daemon.manager.served() == {GPU}
+    finally:
+        daemon.stop()
+
+
+def test_mig_mixed_serves_one_resource_per_profile(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    daemon = start_daemon(plugin_dir, "a100-mig-mixed", Config(flags=Flags(mig_strategy="mixed")))
+    try:
+        names = [
+            "nvidia.com/gpu",
+            "nvidia.com/mig-1g.10gb",
+            "nvidia.com/mig-2g.20gb",
+            "nvidia.com/mig-3g.40gb",
+        ]
+        assert kubelet.wait_for_resources(names)
+        assert len(kubelet.devices("nvidia.com/mig-1g.10gb")) == 9
+        mig_id = sorted(kubelet.devices("nvidia.com/mig-3g.40gb"))[0]
+        envs = kubelet.allocate("nvidia.com/mig-3g.40gb", [[mig_id]]).container_responses[0].envs
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == mig_id and mig_id.startswith("MIG-")
+    finally:
+        daemon.stop()
+
+
+def test_missing_driver_fails_or_idles_per_fail_on_init_error(plugin_dir: Path) -> None:
+    daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=Config))
+    with pytest.raises(NvmlError, match="NVIDIA driver library not found"):
+        daemon.start()
+    daemon.stop()
+    idle = Daemon(
+        DaemonOptions(
+            plugin_dir=plugin_dir, load_config=lambda: Config(flags=Flags(fail_on_init_error=False))
+        )
+    )
+    idle.start()
+    assert idle.manager.served() == set()
+    idle.stop()
+
+
+def test_health_recovery_config_is_used(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    config = Config(health=HealthConfig(recovery=Recovery(enabled=True, grace_period_seconds=0.2)))
+    daemon = start_daemon(plugin_dir, "t4-single", config)
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        assert daemon.nvml is not None and daemon.nvml.simulator is not None
+        uuid = gpu_uuids(daemon)[0]
+        daemon.nvml.simulator.inject_xid(0, 48)
+        assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=5)
+        assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Healthy", timeout=10)
+    finally:
+        daemon.stop()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nvidia_device_plugin", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_run_command_serves_until_sigterm_and_cleans_up(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    proc = run_cli(
+        "run", "--simulate", "dgx-a100", "--device-plugin-path", str(plugin_dir), "--metrics-address", ""
+    )
+    try:
+        assert kubelet.wait_for_resources([GPU], timeout=30)
+        proc.send_signal(signal.SIGHUP)  # forced reload: same config, still served
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output
+    assert not (plugin_dir / "nvidia-gpu.sock").exists()
+    assert "registered nvidia.com/gpu with kubelet" in output
+    assert "config reloaded (SIGHUP)" in output
+
+
+def test_env_var_selects_plugin_dir_and_node(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    proc = run_cli(
+        "--metrics-address",
+        "",
+        env={"DEVICE_PLUGIN_PATH": str(plugin_dir), "NVDP_SIMULATE": "mixed-a100-h100"},
+    )
+    try:
+        assert kubelet.wait_for_resources([GPU], timeout=30)
+        assert len(kubelet.devices(GPU)) == 4
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+
+
+def test_demo_command() -> None:
+    proc = run_cli("demo")
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "nvidia.com/gpu: 8 devices" in output
+    assert "env NVIDIA_VISIBLE_DEVICES=GPU-" in output
+
+
+def test_version_and_help() -> None:
+    proc = run_cli("--version")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and output.startswith("nvidia-device-plugin 0.")
+    proc = run_cli("--help")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and all(c in output for c in ("run", "demo", "plan", "check-config"))
