@@ -28,20 +28,26 @@ def run_demo(node: str, load_config: Callable[[], Config], out: TextIO, pod_devi
                 return 1
             out.write(f"Simulated node '{node}': {len(daemon.snapshot.inventory.gpus)} GPUs\n")
             out.write(f"Kubelet stand-in in {plugin_dir}\n\n")
-            for name in names:
-                devices = kubelet.devices(name)
-                out.write(f"{name}: {len(devices)} devices advertised over ListAndWatch\n")
-                for device_id in sorted(devices)[:16]:
+            labels = {
+                d.id: f"GPU {d.index_id}" + (f" replica {d.replica}" if d.replica is not None else "")
+                for plan in daemon.snapshot.plans
+                for d in plan.devices
+            }
+            for plan in daemon.snapshot.plans:
+                devices = kubelet.devices(plan.name)
+                out.write(f"{plan.name}: {len(devices)} devices advertised over ListAndWatch\n")
+                shown = [d.id for d in plan.devices if d.id in devices]
+                for device_id in shown[:16]:
                     device = devices[device_id]
                     numa = ",".join(str(n.ID) for n in device.topology.nodes) or "-"
-                    out.write(f"  {device_id:<58} {device.health:<9} numa={numa}\n")
-                if len(devices) > 16:
-                    out.write(f"  ... and {len(devices) - 16} more\n")
+                    out.write(f"  {device_id:<58} {labels[device_id]:<18} {device.health:<9} numa={numa}\n")
+                if len(shown) > 16:
+                    out.write(f"  ... and {len(shown) - 16} more\n")
             resource = names[0]
             count = min(pod_devices, len(kubelet.devices(resource)))
             chosen, response = kubelet.admit(resource, count)
             out.write(f"\nAdmitted a pod asking for {resource}: {count}\n")
-            out.write(f"  preferred allocation: {', '.join(chosen)}\n")
+            out.write(f"  preferred allocation: {', '.join(labels[c] for c in chosen)}\n")
             for key, value in sorted(response.envs.items()):
                 out.write(f"  env {key}={value}\n")
             for mount in response.mounts:

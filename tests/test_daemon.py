@@ -271,3 +271,51 @@ def test_version_and_help() -> None:
     proc = run_cli("--help")
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and all(c in output for c in ("run", "demo", "plan", "check-config"))
+
+
+def configmap_dir(root: Path, content: str, generation: int) -> None:
+    """Write a ConfigMap volume the way kubelet does: a timestamped dir, `..data` swapped atomically."""
+    data = root / f"..2026_12_02_00_00_{generation:02d}.000000001"
+    data.mkdir()
+    (data / "config.yaml").write_text(content)
+    tmp_link = root / "..data_tmp"
+    tmp_link.symlink_to(data.name)
+    tmp_link.rename(root / "..data")
+    if not (root / "config.yaml").is_symlink():
+        (root / "config.yaml").symlink_to("..data/config.yaml")
+
+
+def test_configmap_swap_reloads_live_and_bad_edits_keep_last_good(
+    plugin_dir: Path, kubelet: KubeletStandIn, tmp_path: Path
+) -> None:
+    from nvidia_device_plugin.config.source import ConfigSource
+    from nvidia_device_plugin.config.watch import ConfigWatcher
+
+    mount = tmp_path / "config"
+    mount.mkdir()
+    shared = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+    shared += "      - {name: nvidia.com/gpu, replicas: %d}\n"
+    configmap_dir(mount, shared % 2, 1)
+    source = ConfigSource.from_file(mount / "config.yaml")
+    daemon = Daemon(
+        DaemonOptions(
+            plugin_dir=plugin_dir,
+            load_config=lambda: source.load({}),
+            watch=lambda on_change: ConfigWatcher(source, on_change),
+            simulate="dgx-a100",
+        )
+    )
+    daemon.start()
+    try:
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16)
+        configmap_dir(mount, shared % 5, 2)
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 40, timeout=5)
+        rejected = threading.Event()
+        daemon.reload_listeners.append(lambda ok, error: rejected.set() if not ok else None)
+        configmap_dir(mount, shared % 0, 3)  # invalid: replicas must be >= 1
+        assert rejected.wait(5)
+        assert len(kubelet.devices(GPU)) == 40
+        configmap_dir(mount, "version: v1\n", 4)  # back to whole GPUs
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=5)
+    finally:
+        daemon.stop()
