@@ -38,7 +38,8 @@ soak: $(STAMP)
 	NVDP_SOAK=1 $(BIN)/pytest -m soak -p no:cacheprovider --timeout 3600 tests
 
 image:
-	docker build -t nvidia-device-plugin-py:$$($(PYTHON) -c "import re;print(re.search(r'__version__ = \"(.+)\"', open('nvidia_device_plugin/__init__.py').read()).group(1))") .
+	V=$$(sed -n 's/^__version__ = "\(.*\)"/\1/p' nvidia_device_plugin/__init__.py); \
+		docker build --build-arg VERSION=$$V -t nvidia-device-plugin-py:$$V .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

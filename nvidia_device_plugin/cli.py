@@ -101,6 +101,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    # gRPC's C core logs transport chatter (GOAWAY on every kubelet restart) to stderr at INFO; it is
+    # read when grpc is first imported, which happens below, lazily, after this.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args_list = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if environ is None else environ)
     if not any(a in COMMANDS for a in args_list) and not {"-h", "--help", "--version"} & set(args_list):

@@ -202,10 +202,17 @@ class Daemon:
         if self._monitor is not None:
             self._monitor.stop()
         assert self.nvml is not None
-        self._monitor = HealthMonitor(self.nvml.nv, snapshot.inventory, snapshot.config.health, self.registry)
+        self._monitor = HealthMonitor(
+            self.nvml.nv, snapshot.inventory, snapshot.config.health, self.registry, on_xid=self._on_xid
+        )
         self._monitor.start()
 
+    def _on_xid(self, gpu_uuid: str, xid: int, critical: bool) -> None:
+        for listener in self.xid_listeners:
+            listener(gpu_uuid, xid, critical)
+
     def _on_health_change(self, change: HealthChange) -> None:
+        """The one log line per health change, and an immediate ListAndWatch push where it matters."""
         snapshot = self.snapshot
         if snapshot is None:
             return
@@ -214,12 +221,32 @@ class Daemon:
             for p in snapshot.plans
             if any(change.uuid in (d.physical_uuid, d.gpu_uuid) for d in p.devices)
         ]
-        log.info(
-            "device %s %s%s; resources affected: %s",
-            change.uuid,
-            "healthy again" if change.healthy else "unhealthy",
-            "" if change.healthy else f" ({change.reason})",
-            ", ".join(affected) or "none",
-        )
+        where = _describe_device(snapshot.inventory, change.uuid)
+        if change.healthy:
+            log.info(
+                "%s (%s) is healthy again (%s); resources affected: %s",
+                where,
+                change.uuid,
+                change.reason,
+                ", ".join(affected) or "none",
+            )
+        else:
+            log.warning(
+                "%s (%s) is unhealthy: %s; resources affected: %s",
+                where,
+                change.uuid,
+                change.reason,
+                ", ".join(affected) or "none",
+            )
         for name in affected:
             self.manager.notify(name)
+
+
+def _describe_device(inventory: Inventory, uuid: str) -> str:
+    for gpu in inventory.gpus:
+        if gpu.uuid == uuid:
+            return f"GPU {gpu.index}"
+        for mig in gpu.mig_devices:
+            if mig.uuid == uuid:
+                return f"MIG device {gpu.index}:{mig.index}"
+    return "device"

@@ -176,8 +176,10 @@ class HealthMonitor:
         wait_timeout_ms: int = 500,
         poll_interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        on_xid: Callable[[str, int, bool], None] | None = None,
     ) -> None:
         self._nv = nv
+        self._on_xid = on_xid  # f(gpu_uuid, xid, critical) for every XID seen, ignored ones too (metrics)
         self._inventory = inventory
         self._policy = policy
         self._registry = registry
@@ -345,6 +347,8 @@ class HealthMonitor:
             self._fault(gpu, gpu.uuid, REASON_DOUBLE_BIT_ECC, None, now)
         elif event_type & pynvml.nvmlEventTypeXidCriticalError:
             xid = int(data.eventData)
+            if self._on_xid is not None:
+                self._on_xid(gpu.uuid, xid, self._policy.is_critical(xid))
             if not self._policy.is_critical(xid):
                 self._ignored.record(now, self._labels[gpu.uuid], xid)
                 return
@@ -364,7 +368,8 @@ class HealthMonitor:
             fault.lost = fault.lost or lost
             fault.was_lost = fault.was_lost or lost
         if self._registry.mark(HealthChange(uuid=uuid, healthy=False, reason=reason, xid=xid)):
-            log.warning("%s is unhealthy: %s", self._labels[uuid], reason)
+            # DEBUG: the registry's subscriber (the daemon) logs the one line, with the resources affected.
+            log.debug("%s is unhealthy: %s", self._labels[uuid], reason)
 
     def _recover(self, now: float) -> None:
         grace = self._policy.recovery.grace_period_seconds
@@ -376,7 +381,7 @@ class HealthMonitor:
                 continue
             del self._faults[uuid]
             if self._registry.mark(HealthChange(uuid=uuid, healthy=True, reason="recovered")):
-                log.info(
+                log.debug(
                     "%s is healthy again: no critical event for %gs and NVML reads it",
                     self._labels[uuid],
                     grace,

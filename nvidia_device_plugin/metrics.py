@@ -332,7 +332,15 @@ def _handler_class(
             path = urlsplit(self.path).path
             if path == "/metrics":
                 encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, encoder(registry), content_type, send_body)
+                try:
+                    body = encoder(registry)
+                except Exception:
+                    log.exception("metrics: collecting failed")
+                    self._send(
+                        500, b"collecting metrics failed; see the plugin log\n", "text/plain", send_body
+                    )
+                    return
+                self._send(200, body, content_type, send_body)
             elif path == "/healthz":
                 self._send(200, b"ok\n", "text/plain; charset=utf-8", send_body)
             elif path == "/readyz":
@@ -400,7 +408,7 @@ def start_metrics(address: str, daemon: DaemonView) -> MetricsServer:
     Raises ConfigError for a malformed address and DevicePluginError when the port cannot be bound.
     """
     host, port = parse_address(address)
-    registry = CollectorRegistry(auto_describe=True)
+    registry = CollectorRegistry()
     events = _Events(registry)
     Info(PREFIX + "build", "Version of this plugin and of the Python running it.", registry=registry).info(
         {"version": __version__, "python_version": platform.python_version()}

@@ -774,3 +774,9 @@ def test_bad_input_is_a_config_error_naming_path_and_value(text: str, message: s
         parse(text)
     assert str(err.value).startswith("test.yaml: ")
     assert message in str(err.value)
+
+
+def test_old_restart_on_device_unhealthy_flag_is_accepted_and_type_checked() -> None:
+    parse_config_text("version: v1\nflags:\n  restartOnDeviceUnhealthy: true\n", "old.yaml")
+    with pytest.raises(ConfigError, match=r"flags\.restartOnDeviceUnhealthy"):
+        parse_config_text("version: v1\nflags:\n  restartOnDeviceUnhealthy: sometimes\n", "old.yaml")

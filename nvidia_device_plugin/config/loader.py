@@ -103,6 +103,7 @@ _TOP_FIELDS = ("version", "flags", "resources", "sharing", "health", "imex")
 _FLAG_FIELDS = (
     "migStrategy",
     "failOnInitError",
+    "restartOnDeviceUnhealthy",
     "nvidiaDriverRoot",
     "nvidiaDevRoot",
     "mpsRoot",
@@ -472,6 +473,9 @@ def _parse_flags(s: _Section) -> Flags:
     # As NVIDIA does: the device nodes live under the driver root unless told otherwise.
     dev_root = s.get_str("nvidiaDevRoot", "") or driver_root
     s.get_bool("useNodeFeatureAPI", False)  # GFD only
+    # Older NVIDIA releases restarted the plugin on an unhealthy device; health changes are pushed
+    # over ListAndWatch here, so the flag is accepted (old ConfigMaps load) and has nothing to do.
+    s.get_bool("restartOnDeviceUnhealthy", False)
     s.get_choice(
         "deviceDiscoveryStrategy", DEVICE_DISCOVERY_STRATEGIES, "auto"
     )  # discovery is always NVML here

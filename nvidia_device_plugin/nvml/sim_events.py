@@ -22,7 +22,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +103,14 @@ class SimulatedEventFeeder:
         self._poll_interval_s = poll_interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._file: Any = None  # the open binary file, or None while the path does not exist
+        self._file: BinaryIO | None = None  # None while the path does not exist
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._offset = 0
         self._partial = b""
         self._skipping = False  # inside an over-long line: drop bytes until its newline
         self._line_number = 0
         self._applied = 0
+        self._read_error: str | None = None  # the last one logged, so a lasting error is logged once
 
     @property
     def applied_events(self) -> int:
@@ -133,8 +134,11 @@ class SimulatedEventFeeder:
         while not self._stop.is_set():
             try:
                 self.poll()
+                self._read_error = None
             except OSError as exc:
-                log.warning("simulated events: reading %s failed: %s", self._path, exc)
+                if str(exc) != self._read_error:
+                    log.warning("simulated events: reading %s failed: %s; retrying", self._path, exc)
+                    self._read_error = str(exc)
                 self._close()
             self._stop.wait(self._poll_interval_s)
 
@@ -155,7 +159,8 @@ class SimulatedEventFeeder:
             self._file = open(self._path, "rb")  # noqa: SIM115 - held open across polls, closed in _close
             opened = os.fstat(self._file.fileno())
             self._identity = (opened.st_dev, opened.st_ino)
-        while chunk := self._file.read(_READ_BYTES):
+        file = self._file
+        while chunk := file.read(_READ_BYTES):
             self._offset += len(chunk)
             self._feed(chunk)
 

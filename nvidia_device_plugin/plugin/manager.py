@@ -7,6 +7,7 @@ work for one registrar thread, so every state change is handled in one place, in
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -99,7 +100,10 @@ class PluginManager:
         self._max_retry = max_retry_seconds
         self._servers: dict[str, ResourceServer] = {}
         self._registered: set[str] = set()
-        self._pending: set[str] = set()  # resources to (re)register
+        # Resources to (re)register, each with the number of the request: a kubelet restart that lands
+        # while a Register call is in flight must not be cleared by that call's success.
+        self._pending: dict[str, int] = {}
+        self._requests = itertools.count(1)
         self._rebind: set[str] = set()  # resources whose socket must be served anew first
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -148,7 +152,7 @@ class PluginManager:
             gone = [self._servers.pop(name) for name in list(self._servers) if name not in specs]
             for server in gone:
                 self._registered.discard(server.resource_name)
-                self._pending.discard(server.resource_name)
+                self._pending.pop(server.resource_name, None)
         for server in gone:
             server.stop()
             log.info("stopped serving %s: no longer advertised", server.resource_name)
@@ -167,7 +171,7 @@ class PluginManager:
             log.info("serving %s on %s", name, socket_path)
             with self._lock:
                 self._servers[name] = server
-                self._pending.add(name)
+                self._pending[name] = next(self._requests)
         self._wake.set()
 
     def notify(self, resource: str | None = None) -> None:
@@ -198,7 +202,7 @@ class PluginManager:
                 hook()
             with self._lock:
                 self._rebind.update(self._servers)
-                self._pending.update(self._servers)
+                self._pending.update({name: next(self._requests) for name in self._servers})
                 self._registered.clear()
             self._wake.set()
             return
@@ -207,7 +211,7 @@ class PluginManager:
                 for name, server in self._servers.items():
                     if server.socket_path == path and not server.socket_intact():
                         self._rebind.add(name)
-                        self._pending.add(name)
+                        self._pending[name] = next(self._requests)
                         self._registered.discard(name)
             self._wake.set()
 
@@ -239,13 +243,15 @@ class PluginManager:
     def _register_pending(self) -> bool:
         """Try every pending registration; True when none is left pending."""
         with self._lock:
-            todo = [(n, self._servers[n]) for n in sorted(self._pending) if n in self._servers]
+            todo = [
+                (n, self._servers[n], self._pending[n]) for n in sorted(self._pending) if n in self._servers
+            ]
         if not todo:
             return True
         if not self.kubelet_socket.exists():
             return False
         failed = False
-        for name, server in todo:
+        for name, server, request in todo:
             try:
                 register(self.kubelet_socket, name, server.socket_path.name)
             except RegistrationError as exc:
@@ -258,7 +264,9 @@ class PluginManager:
             with self._lock:
                 if self._servers.get(name) is not server:
                     continue  # replaced or stopped while we were registering
-                self._pending.discard(name)
+                if self._pending.get(name) != request:
+                    continue  # kubelet restarted meanwhile: this registration went to the old one
+                del self._pending[name]
                 self._registered.add(name)
             self._last_failure.pop(name, None)
             log.info("registered %s with kubelet (endpoint %s)", name, server.socket_path.name)

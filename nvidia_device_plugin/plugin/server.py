@@ -31,6 +31,15 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 # Kubelet refuses larger messages; a bound here turns a hostile request into a clean error, not an OOM.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# gRPC carries the status message in a header (16 KiB limit); an error quoting a 2 MB device ID would
+# arrive as RESOURCE_EXHAUSTED instead of the real code, and flood the log.
+MAX_ERROR_CHARS = 1024
+
+
+def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text)} characters in all)"
 
 
 @dataclass(frozen=True)
@@ -207,13 +216,14 @@ class ResourceServer:
             return fn(*args)
         except AllocationError as exc:
             error = "invalid_argument"
-            log.warning("%s %s refused: %s", self.resource_name, method, exc)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            message = shorten(str(exc))
+            log.warning("%s %s refused: %s", self.resource_name, method, message)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
             raise  # abort() raises; this keeps the type checker sure nothing falls through
         except Exception as exc:
             error = "internal"
             log.exception("%s %s failed", self.resource_name, method)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {exc}")
+            context.abort(grpc.StatusCode.INTERNAL, shorten(f"{method} failed: {exc}"))
             raise
         finally:
             hooks = self.hooks.on_allocate if method == "Allocate" else self.hooks.on_preferred

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import threading
+
+from nvidia_device_plugin.health_state import HealthChange, HealthRegistry
+from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
+
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
+MIG0_0 = "MIG-00000000-aaaa-0000-0000-000000000000"
+MIG0_1 = "MIG-00000000-bbbb-0000-0000-000000000000"
+
+
+def whole(uuid: str, index: int, replica: int | None = None) -> AdvertisedDevice:
+    return AdvertisedDevice(
+        id=uuid if replica is None else replica_id(uuid, replica),
+        kind="gpu",
+        physical_uuid=uuid,
+        gpu_uuid=uuid,
+        gpu_index=index,
+        mig_index=None,
+        replica=replica,
+        numa_node=0,
+        memory_bytes=80 << 30,
+    )
+
+
+def mig(
+    uuid: str, parent: str, gpu_index: int, mig_index: int, replica: int | None = None
+) -> AdvertisedDevice:
+    return AdvertisedDevice(
+        id=uuid if replica is None else replica_id(uuid, replica),
+        kind="mig",
+        physical_uuid=uuid,
+        gpu_uuid=parent,
+        gpu_index=gpu_index,
+        mig_index=mig_index,
+        replica=replica,
+        numa_node=0,
+        memory_bytes=10 << 30,
+    )
+
+
+def plans() -> list[ResourcePlan]:
+    """A node as a mixed strategy with time-slicing would advertise it: GPU 0 carved, GPU 1 whole."""
+    return [
+        ResourcePlan(
+            name="nvidia.com/mig-1g.10gb",
+            devices=tuple(mig(m, GPU0, 0, j, r) for j, m in enumerate((MIG0_0, MIG0_1)) for r in range(3)),
+            sharing="time-slicing",
+            replicas=3,
+        ),
+        ResourcePlan(
+            name="nvidia.com/gpu.shared",
+            devices=tuple(whole(GPU1, 1, r) for r in range(4)),
+            sharing="time-slicing",
+            replicas=4,
+        ),
+        ResourcePlan(name="nvidia.com/gpu", devices=(whole(GPU0, 0),)),
+    ]
+
+
+def unhealthy_ids(registry: HealthRegistry) -> set[str]:
+    return {d.id for plan in plans() for d in plan.devices if not registry.is_healthy(d)}
+
+
+def test_everything_is_healthy_at_first() -> None:
+    registry = HealthRegistry()
+    assert registry.unhealthy() == {}
+    assert unhealthy_ids(registry) == set()
+
+
+def test_an_unhealthy_gpu_takes_down_its_replicas_and_mig_devices_in_every_resource() -> None:
+    registry = HealthRegistry()
+    assert registry.mark(HealthChange(GPU0, healthy=False, reason="XID 79", xid=79))
+    assert unhealthy_ids(registry) == {
+        GPU0,
+        *(replica_id(m, r) for m in (MIG0_0, MIG0_1) for r in range(3)),
+    }
+    assert registry.reason(mig(MIG0_1, GPU0, 0, 1, 2)) == "XID 79"
+    assert registry.reason(whole(GPU1, 1, 0)) is None
+
+
+def test_an_unhealthy_mig_device_affects_only_itself_and_its_replicas() -> None:
+    registry = HealthRegistry()
+    registry.mark(HealthChange(MIG0_1, healthy=False, reason="XID 94", xid=94))
+    assert unhealthy_ids(registry) == {replica_id(MIG0_1, r) for r in range(3)}
+    assert registry.is_healthy(whole(GPU0, 0))
+
+
+def test_gpu_reason_wins_over_its_mig_devices_reason() -> None:
+    registry = HealthRegistry()
+    registry.mark(HealthChange(MIG0_0, healthy=False, reason="XID 94", xid=94))
+    registry.mark(HealthChange(GPU0, healthy=False, reason="GPU lost"))
+    assert registry.reason(mig(MIG0_0, GPU0, 0, 0)) == "GPU lost"
+    registry.mark(HealthChange(GPU0, healthy=True, reason="recovered"))
+    assert registry.reason(mig(MIG0_0, GPU0, 0, 0)) == "XID 94"
+
+
+def test_mark_reports_only_real_changes_and_keeps_the_first_reason() -> None:
+    registry = HealthRegistry()
+    assert not registry.mark(HealthChange(GPU1, healthy=True, reason="recovered"))
+    assert registry.mark(HealthChange(GPU1, healthy=False, reason="XID 48", xid=48))
+    assert not registry.mark(HealthChange(GPU1, healthy=False, reason="XID 79", xid=79))
+    assert registry.unhealthy() == {GPU1: "XID 48"}
+    assert registry.mark(HealthChange(GPU1, healthy=True, reason="recovered"))
+    assert registry.unhealthy() == {}
+
+
+def test_subscribers_are_pushed_each_change_once_and_can_unsubscribe() -> None:
+    registry = HealthRegistry()
+    seen: list[HealthChange] = []
+    unsubscribe = registry.subscribe(seen.append)
+    down = HealthChange(GPU0, healthy=False, reason="XID 79", xid=79)
+    registry.mark(down)
+    registry.mark(down)
+    up = HealthChange(GPU0, healthy=True, reason="recovered")
+    registry.mark(up)
+    assert seen == [down, up]
+    unsubscribe()
+    unsubscribe()
+    registry.mark(down)
+    assert seen == [down, up]
+
+
+def test_subscribers_may_read_the_registry_and_a_failing_one_does_not_stop_the_others() -> None:
+    registry = HealthRegistry()
+    read_back: list[dict[str, str]] = []
+
+    def broken(change: HealthChange) -> None:
+        raise RuntimeError("listener bug")
+
+    registry.subscribe(broken)
+    registry.subscribe(lambda change: read_back.append(registry.unhealthy()))
+    assert registry.mark(HealthChange(GPU1, healthy=False, reason="XID 48", xid=48))
+    assert read_back == [{GPU1: "XID 48"}]
+
+
+def test_concurrent_marks_end_consistent_with_notifications() -> None:
+    registry = HealthRegistry()
+    flips: list[HealthChange] = []
+    registry.subscribe(flips.append)
+    uuids = [f"GPU-{i:08d}" for i in range(8)]
+
+    def hammer(seed: int) -> None:
+        for n in range(500):
+            uuid = uuids[(seed + n) % len(uuids)]
+            registry.mark(HealthChange(uuid, healthy=(n + seed) % 3 == 0, reason="test"))
+
+    threads = [threading.Thread(target=hammer, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Replaying the notifications in delivery order must give the final state.
+    replay: set[str] = set()
+    for change in flips:
+        assert (change.uuid in replay) == change.healthy  # each one is a real flip
+        if change.healthy:
+            replay.discard(change.uuid)
+        else:
+            replay.add(change.uuid)
+    assert replay == set(registry.unhealthy())
