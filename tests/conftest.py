@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.daemon import Daemon
+from nvidia_device_plugin.kubelet_standin import KubeletStandIn
+
+from daemon_support import GPU, start_daemon
+
 
 @pytest.fixture
 def plugin_dir() -> Iterator[Path]:
@@ -15,3 +20,19 @@ def plugin_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=f"nvdp-{os.getpid()}-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(plugin_dir: Path) -> Iterator[KubeletStandIn]:
+    """The kubelet side of the protocol, listening on plugin_dir/kubelet.sock."""
+    with KubeletStandIn(plugin_dir) as k:
+        yield k
+
+
+@pytest.fixture
+def daemon(plugin_dir: Path, kubelet: KubeletStandIn) -> Iterator[Daemon]:
+    """The daemon on a simulated dgx-a100, registered with the stand-in."""
+    d = start_daemon(plugin_dir)
+    assert kubelet.wait_for_resources([GPU])
+    yield d
+    d.stop()

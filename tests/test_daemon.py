@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,34 +18,7 @@ from nvidia_device_plugin.daemon import Daemon, DaemonOptions
 from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 
-GPU = "nvidia.com/gpu"
-
-
-def start_daemon(plugin_dir: Path, node: str = "dgx-a100", config: Config | None = None) -> Daemon:
-    daemon = Daemon(
-        DaemonOptions(plugin_dir=plugin_dir, load_config=lambda: config or Config(), simulate=node)
-    )
-    daemon.start()
-    return daemon
-
-
-@pytest.fixture
-def kubelet(plugin_dir: Path) -> Iterator[KubeletStandIn]:
-    with KubeletStandIn(plugin_dir) as k:
-        yield k
-
-
-@pytest.fixture
-def daemon(plugin_dir: Path, kubelet: KubeletStandIn) -> Iterator[Daemon]:
-    d = start_daemon(plugin_dir)
-    assert kubelet.wait_for_resources([GPU])
-    yield d
-    d.stop()
-
-
-def gpu_uuids(daemon: Daemon) -> list[str]:
-    assert daemon.snapshot is not None
-    return [g.uuid for g in daemon.snapshot.inventory.gpus]
+from daemon_support import GPU, gpu_uuids, simulator, start_daemon
 
 
 def test_advertises_every_gpu_with_numa(daemon: Daemon, kubelet: KubeletStandIn) -> None:
@@ -78,9 +50,8 @@ def test_allocate_rejects_unknown_ids_and_keeps_serving(daemon: Daemon, kubelet:
 
 
 def test_xid_marks_device_unhealthy_and_allocate_refuses_it(daemon: Daemon, kubelet: KubeletStandIn) -> None:
-    assert daemon.nvml is not None and daemon.nvml.simulator is not None
     uuid = gpu_uuids(daemon)[3]
-    daemon.nvml.simulator.inject_xid(3, 79)
+    simulator(daemon).inject_xid(3, 79)
     assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=5)
     with pytest.raises(grpc.RpcError) as err:
         kubelet.allocate(GPU, [[uuid]])
@@ -111,7 +82,7 @@ def test_kubelet_restart_twenty_times(daemon: Daemon, kubelet: KubeletStandIn) -
 
 
 def test_starts_before_kubelet(plugin_dir: Path) -> None:
-    daemon = start_daemon(plugin_dir, node="t4-single")
+    daemon = start_daemon(plugin_dir, "t4-single")
     try:
         assert (plugin_dir / "nvidia-gpu.sock").exists()
         with KubeletStandIn(plugin_dir) as kubelet:
@@ -166,7 +137,7 @@ def test_invalid_reload_keeps_serving_last_good_config(plugin_dir: Path, kubelet
 
 
 def test_mig_mixed_serves_one_resource_per_profile(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
-    daemon = start_daemon(plugin_dir, "a100-mig-mixed", Config(flags=Flags(mig_strategy="mixed")))
+    daemon = start_daemon(plugin_dir, "a100-mig-mixed", lambda: Config(flags=Flags(mig_strategy="mixed")))
     try:
         names = [
             "nvidia.com/gpu",
@@ -200,12 +171,11 @@ def test_missing_driver_fails_or_idles_per_fail_on_init_error(plugin_dir: Path) 
 
 def test_health_recovery_config_is_used(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
     config = Config(health=HealthConfig(recovery=Recovery(enabled=True, grace_period_seconds=0.2)))
-    daemon = start_daemon(plugin_dir, "t4-single", config)
+    daemon = start_daemon(plugin_dir, "t4-single", lambda: config)
     try:
         assert kubelet.wait_for_resources([GPU])
-        assert daemon.nvml is not None and daemon.nvml.simulator is not None
         uuid = gpu_uuids(daemon)[0]
-        daemon.nvml.simulator.inject_xid(0, 48)
+        simulator(daemon).inject_xid(0, 48)
         assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=5)
         assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Healthy", timeout=10)
     finally:

@@ -155,12 +155,6 @@ class PlanBackend:
 
 
 @pytest.fixture
-def kubelet(plugin_dir: Path) -> Iterator[KubeletStandIn]:
-    with KubeletStandIn(plugin_dir) as k:
-        yield k
-
-
-@pytest.fixture
 def daemon(plugin_dir: Path) -> Iterator[FakeDaemon]:
     manager = PluginManager(plugin_dir)
     manager.start()

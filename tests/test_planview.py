@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from nvidia_device_plugin.planview import plan_to_json, render_plan_table
+from nvidia_device_plugin.resources import build_resources, replica_id
+
 from test_resources import (
     A100,
     GIB,
@@ -22,9 +25,6 @@ from test_resources import (
     share,
     single_t4,
 )
-
-from nvidia_device_plugin.planview import plan_to_json, render_plan_table
-from nvidia_device_plugin.resources import build_resources, replica_id
 
 DEVICE_KEYS = {
     "id",

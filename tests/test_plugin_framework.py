@@ -42,12 +42,6 @@ class FakeBackend:
 
 
 @pytest.fixture
-def kubelet(plugin_dir: Path) -> Iterator[KubeletStandIn]:
-    with KubeletStandIn(plugin_dir) as k:
-        yield k
-
-
-@pytest.fixture
 def manager(plugin_dir: Path) -> Iterator[PluginManager]:
     m = PluginManager(plugin_dir)
     m.start()

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
 log = logging.getLogger(__name__)
 
 _MAX_LINE_BYTES = 64 * 1024  # longer lines are malformed; this bounds the partial-line buffer
@@ -94,14 +97,32 @@ def parse_event(line: str) -> SimEvent:
     return SimEvent(target=target, kind="lost", lost=value)
 
 
-class SimulatedEventFeeder:
-    """Follows `path` on a thread ("sim-events") and applies each line to `sim`."""
+class _Wake(FileSystemEventHandler):
+    def __init__(self, path: Path, wake: threading.Event) -> None:
+        self._name = path.name
+        self._wake = wake
 
-    def __init__(self, path: Path, sim: EventSink, poll_interval_s: float = 0.05) -> None:
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        for path in (event.src_path, getattr(event, "dest_path", "")):
+            if path and os.path.basename(str(path)) == self._name:
+                self._wake.set()
+
+
+class SimulatedEventFeeder:
+    """Follows `path` on a thread ("sim-events") and applies each line to `sim`.
+
+    An inotify watch (watchdog) on the file's directory wakes the reader as soon as a line is
+    appended, so an injected event reaches NVML in about a millisecond; the poll every
+    `poll_interval_s` only covers filesystems where inotify says nothing.
+    """
+
+    def __init__(self, path: Path, sim: EventSink, poll_interval_s: float = 0.5) -> None:
         self._path = path
         self._sim = sim
         self._poll_interval_s = poll_interval_s
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._observer: Any = None
         self._thread: threading.Thread | None = None
         self._file: BinaryIO | None = None  # None while the path does not exist
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
@@ -121,11 +142,22 @@ class SimulatedEventFeeder:
         if self._thread is not None:
             raise RuntimeError("SimulatedEventFeeder.start() called twice")
         log.info("simulated events: following %s", self._path)
+        if self._path.parent.is_dir():
+            observer = Observer()
+            observer.name = "sim-events-watch"
+            observer.schedule(_Wake(self._path, self._wake), str(self._path.parent), recursive=False)
+            observer.start()
+            self._observer = observer
         self._thread = threading.Thread(target=self._run, name="sim-events", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join()
+            self._observer = None
         if self._thread is not None:
             self._thread.join(timeout=self._poll_interval_s + 5.0)
         self._close()
@@ -140,7 +172,8 @@ class SimulatedEventFeeder:
                     log.warning("simulated events: reading %s failed: %s; retrying", self._path, exc)
                     self._read_error = str(exc)
                 self._close()
-            self._stop.wait(self._poll_interval_s)
+            self._wake.wait(self._poll_interval_s)
+            self._wake.clear()
 
     def poll(self) -> None:
         """Read whatever is new in the file and apply its complete lines (the thread calls this)."""

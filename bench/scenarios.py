@@ -1,0 +1,532 @@
+"""The measurements. Each scenario spawns what it measures, returns Figures, and cleans up after itself.
+
+Latencies are taken in this process around real gRPC calls over unix sockets, interleaved in chunks with
+the reference so that drift (CPU frequency, a noisy neighbour) hits both alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.figures import Figure, figure, p99_within, worst_under
+from bench.procs import (
+    BenchError,
+    DaemonProcess,
+    config_path,
+    cpu_seconds,
+    daemon_process,
+    echo_server,
+    node_path,
+    python_pass_seconds,
+    rss_mb,
+    short_tmp_dir,
+    timed_command,
+)
+from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
+from nvidia_device_plugin.config.loader import load_config_file
+from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.nvml.backend import open_nvml
+from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.planview import plan_to_json
+from nvidia_device_plugin.resources import build_resources
+
+GPU = "nvidia.com/gpu"
+MIG_1G = "nvidia.com/mig-1g.10gb"
+MS = 1000.0
+KUBELET_RECEIVE_LIMIT = 4 * 1024 * 1024  # kubelet dials plugins without MaxCallRecvMsgSize: grpc-go's default
+FLOOR = "bare grpcio"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many samples each scenario takes; `python -m bench --quick` uses QUICK."""
+
+    allocate_calls: int = 2000
+    preferred_calls: int = 300
+    health_injections: int = 20
+    restarts: int = 10
+    spawns: int = 5
+    memory_calls: int = 10_000
+    idle_seconds: float = 30.0
+    plan_runs: int = 5
+    warmup: int = 50
+
+    def capped(self, n: int) -> Budget:
+        """Every count at most n (at least 1): the smoke test's tiny mode."""
+        n = max(1, n)
+        return Budget(
+            allocate_calls=min(self.allocate_calls, n),
+            preferred_calls=min(self.preferred_calls, n),
+            health_injections=min(self.health_injections, n),
+            restarts=min(self.restarts, n),
+            spawns=min(self.spawns, n),
+            memory_calls=min(self.memory_calls, n),
+            idle_seconds=min(self.idle_seconds, float(n)),
+            plan_runs=min(self.plan_runs, n),
+            warmup=min(self.warmup, n),
+        )
+
+
+FULL = Budget()
+QUICK = Budget(
+    allocate_calls=200,
+    preferred_calls=30,
+    health_injections=4,
+    restarts=3,
+    spawns=1,
+    memory_calls=500,
+    idle_seconds=3.0,
+    plan_runs=1,
+    warmup=10,
+)
+
+
+def interleaved(calls: Sequence[Callable[[], object]], total: int, chunk: int = 50) -> list[list[float]]:
+    """Seconds per call for each of `calls`, `total` each, run in alternating chunks."""
+    samples: list[list[float]] = [[] for _ in calls]
+    clock = time.perf_counter
+    done = 0
+    while done < total:
+        n = min(chunk, total - done)
+        for call, out in zip(calls, samples, strict=True):
+            for _ in range(n):
+                started = clock()
+                call()
+                out.append(clock() - started)
+        done += n
+    return samples
+
+
+def _ms(samples: Sequence[float]) -> list[float]:
+    return [s * MS for s in samples]
+
+
+def _spread(ids: Sequence[str], n: int, physical: int) -> list[str]:
+    """n IDs on n different physical devices where the resource has replicas (IDs are in physical order)."""
+    stride = max(1, len(ids) // physical)
+    return list(ids[::stride][:n])
+
+
+# ---- Allocate and GetPreferredAllocation ----------------------------------------------------------------
+
+
+def allocate_latency(budget: Budget) -> list[Figure]:
+    figures: list[Figure] = []
+    cases = (
+        (None, "whole", "of 8 whole GPUs"),
+        ("time-slicing-100", "replicas", "of 800 time-sliced replicas"),
+    )
+    with echo_server() as echo, grpc.insecure_channel(f"unix:{echo.socket}") as channel:
+        floor = pb_grpc.DevicePluginStub(channel)
+        for config, key, label in cases:
+            with daemon_process("dgx-a100", config) as daemon:
+                ids = [d.id for d in daemon.plans[0].devices]
+                stub = daemon.kubelet.plugin(GPU).stub
+                for n in (1, 2, 8):
+                    chosen = _spread(ids, n, 8)
+                    request = pb.AllocateRequest(
+                        container_requests=[pb.ContainerAllocateRequest(devices_ids=chosen)]
+                    )
+                    response = stub.Allocate(request, timeout=5)
+                    visible = response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"]
+                    if len(visible.split(",")) != n:
+                        raise BenchError(f"Allocate of {chosen} answered NVIDIA_VISIBLE_DEVICES={visible}")
+
+                    def ours(request: pb.AllocateRequest = request, stub: Any = stub) -> object:
+                        return stub.Allocate(request, timeout=5)
+
+                    def bare(request: pb.AllocateRequest = request) -> object:
+                        return floor.Allocate(request, timeout=5)
+
+                    interleaved([ours, bare], budget.warmup)
+                    plugin_s, floor_s = interleaved([ours, bare], budget.allocate_calls)
+                    figures.append(
+                        figure(
+                            f"allocate.{key}.{n}",
+                            f"Allocate {n} {label}",
+                            "ms",
+                            _ms(plugin_s),
+                            (f"{FLOOR} Allocate", _ms(floor_s)),
+                            p99_within(3),
+                        )
+                    )
+    return figures
+
+
+def preferred_latency(budget: Budget) -> list[Figure]:
+    figures: list[Figure] = []
+    cases = (
+        ("nvswitch-16", None, GPU, 8, "8 of 16 GPUs on NVSwitch", budget.preferred_calls),
+        ("mixed-nvlink-16", None, GPU, 8, "8 of 16 GPUs, mixed NVLink", budget.preferred_calls),
+        ("dgx-a100", "time-slicing-100", GPU, 4, "4 of 800 replicas", budget.preferred_calls),
+        (
+            "a100-8x7-mig",
+            "mig-1g-time-slicing-100",
+            MIG_1G,
+            4,
+            "4 of 5,600 MIG replicas",
+            budget.preferred_calls // 5,
+        ),
+    )
+    with echo_server() as echo, grpc.insecure_channel(f"unix:{echo.socket}") as channel:
+        floor = pb_grpc.DevicePluginStub(channel)
+        for node, config, resource, size, label, calls in cases:
+            with daemon_process(node, config) as daemon:
+                plan = next(p for p in daemon.plans if p.name == resource)
+                request = pb.PreferredAllocationRequest(
+                    container_requests=[
+                        pb.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=[d.id for d in plan.devices], allocation_size=size
+                        )
+                    ]
+                )
+                stub = daemon.kubelet.plugin(resource).stub
+                answer = stub.GetPreferredAllocation(request, timeout=30)
+                if len(answer.container_responses[0].deviceIDs) != size:
+                    raise BenchError(f"GetPreferredAllocation {label} answered {answer}")
+
+                def ours(request: pb.PreferredAllocationRequest = request, stub: Any = stub) -> object:
+                    return stub.GetPreferredAllocation(request, timeout=30)
+
+                def bare(request: pb.PreferredAllocationRequest = request) -> object:
+                    return floor.GetPreferredAllocation(request, timeout=30)
+
+                interleaved([ours, bare], min(budget.warmup, max(1, calls)))
+                plugin_s, floor_s = interleaved([ours, bare], max(1, calls), chunk=10)
+                figures.append(
+                    figure(
+                        f"preferred.{node}.{size}",
+                        f"GetPreferredAllocation {label}",
+                        "ms",
+                        _ms(plugin_s),
+                        (f"{FLOOR} GetPreferredAllocation", _ms(floor_s)),
+                    )
+                )
+    return figures
+
+
+# ---- health propagation ------------------------------------------------------------------------------------
+
+HEALTH_NODE = "t4-32"  # 32 GPUs: a fresh one for every injection, so no recovery is needed
+
+
+def _injection_order(count: int) -> list[int]:
+    """Alternate between the two NUMA halves of the 32-GPU node: 0, 16, 1, 17, ..."""
+    order = [i // 2 + (16 if i % 2 else 0) for i in range(32)]
+    return order[: min(count, 32)]
+
+
+def health_propagation(budget: Budget) -> list[Figure]:
+    """XID injected -> the ListAndWatch message that shows the GPU Unhealthy arrives at the kubelet side."""
+    target = worst_under(50, "ms")
+    order = _injection_order(budget.health_injections)
+    with daemon_process(HEALTH_NODE, events=True) as daemon:
+        uuids = [d.physical_uuid for d in daemon.plans[0].devices]
+        through_file = _ms(
+            _propagate(
+                daemon.kubelet, uuids, order, lambda i: daemon.inject(json.dumps({"gpu": i, "xid": 79}))
+            )
+        )
+    in_process = _ms(_health_in_process(order))
+    return [
+        figure(
+            "health.events_file",
+            "XID -> ListAndWatch, injected through --simulate-events",
+            "ms",
+            through_file,
+            target=target,
+            note="includes the simulator's events-file feeder (woken by inotify), not only the plugin",
+        ),
+        figure(
+            "health.in_process",
+            "XID -> ListAndWatch, injected into the simulator directly",
+            "ms",
+            in_process,
+            target=target,
+            note="daemon, simulator and kubelet stand-in in one process (shared GIL); no file poll",
+        ),
+    ]
+
+
+def _propagate(
+    kubelet: KubeletStandIn, uuids: Sequence[str], order: Sequence[int], inject: Callable[[int], object]
+) -> list[float]:
+    samples = []
+    rng = random.Random(0)
+    for i in order:
+        uuid = uuids[i]
+        # Injecting right after the last update would phase-lock with any periodic poll on the way and
+        # measure only its worst case; a random pause does not.
+        time.sleep(rng.uniform(0.0, 0.06))
+        started = time.perf_counter()
+        inject(i)
+        if not kubelet.wait_for(functools.partial(_unhealthy, kubelet, uuid), timeout=10):
+            raise BenchError(f"GPU {i} ({uuid}) not reported Unhealthy within 10 s of its XID")
+        samples.append(kubelet.plugin(GPU).last_update - started)
+    return samples
+
+
+def _unhealthy(kubelet: KubeletStandIn, uuid: str) -> bool:
+    device = kubelet.devices(GPU).get(uuid)
+    return device is not None and device.health == "Unhealthy"
+
+
+def _health_in_process(order: Sequence[int]) -> list[float]:
+    plugin_dir = short_tmp_dir("health")
+    try:
+        return _health_in_process_at(plugin_dir, order)
+    finally:
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def _health_in_process_at(plugin_dir: Path, order: Sequence[int]) -> list[float]:
+    with KubeletStandIn(plugin_dir) as kubelet:
+        daemon = Daemon(
+            DaemonOptions(plugin_dir=plugin_dir, load_config=Config, simulate=node_path(HEALTH_NODE))
+        )
+        daemon.start()
+        try:
+            if not kubelet.wait_for_resources([GPU], timeout=30):
+                raise BenchError("in-process daemon did not register nvidia.com/gpu")
+            assert (
+                daemon.nvml is not None and daemon.nvml.simulator is not None and daemon.snapshot is not None
+            )
+            sim = daemon.nvml.simulator
+            uuids = [g.uuid for g in sorted(daemon.snapshot.inventory.gpus, key=lambda g: g.index)]
+            return _propagate(kubelet, uuids, order, lambda i: sim.inject_xid(i, 79))
+        finally:
+            daemon.stop()
+
+
+# ---- kubelet restarts and start-up -------------------------------------------------------------------------
+
+
+def reregistration(budget: Budget) -> list[Figure]:
+    """KubeletStandIn.restart() -> every resource registered again and its first ListAndWatch received."""
+    figures = []
+    for node, config, label in (
+        ("dgx-a100", None, "dgx-a100, 1 resource"),
+        ("a100-mig-mixed", "mig-mixed", "a100-mig-mixed, 4 resources"),
+    ):
+        with daemon_process(node, config) as daemon:
+            samples = []
+            for _ in range(budget.restarts):
+                started = time.perf_counter()
+                daemon.kubelet.restart()
+                if not daemon.kubelet.wait_for_resources(daemon.resources, timeout=30):
+                    raise BenchError(
+                        f"{node}: not re-registered 30 s after a kubelet restart:\n{daemon.log_tail()}"
+                    )
+                samples.append(max(daemon.kubelet.plugin(n).last_update for n in daemon.resources) - started)
+            figures.append(
+                figure(
+                    f"reregister.{node}",
+                    f"Re-registration after kubelet restart, {label}",
+                    "ms",
+                    _ms(samples),
+                    target=worst_under(1000, "ms"),
+                )
+            )
+    return figures
+
+
+def startup(budget: Budget) -> list[Figure]:
+    """Process spawn -> every resource registered and listed; beside Python's and grpcio's own start-up."""
+    python_pass = [python_pass_seconds() * MS for _ in range(budget.spawns)]
+    echo = []
+    for _ in range(budget.spawns):
+        with echo_server() as server:
+            echo.append(server.started_s * MS)
+    figures = [figure("startup.python", "python -c pass", "ms", python_pass)]
+    for node, config, label in (
+        ("dgx-a100", None, "dgx-a100, 8 GPUs"),
+        ("a100-8x7-mig", "mig-1g-time-slicing-100", "5,600 MIG replicas"),
+    ):
+        samples = []
+        for _ in range(budget.spawns):
+            with daemon_process(node, config) as daemon:
+                samples.append((daemon.ready_at - daemon.spawned_at) * MS)
+        figures.append(
+            figure(
+                f"startup.{node}",
+                f"Start-up to registered, {label}",
+                "ms",
+                samples,
+                ("idle grpcio server start", echo),
+            )
+        )
+    return figures
+
+
+# ---- memory and idle CPU --------------------------------------------------------------------------------
+
+
+def memory(budget: Budget) -> list[Figure]:
+    with echo_server() as echo:
+        time.sleep(0.5)
+        echo_rss = rss_mb(echo.pid)
+    reference = ("idle grpcio server", [echo_rss])
+    target = worst_under(60, "MB")
+    figures = []
+    with daemon_process("dgx-a100", "time-slicing-100") as daemon:
+        time.sleep(0.5)
+        figures.append(
+            figure(
+                "rss.800.start",
+                "RSS after start-up, 800 devices",
+                "MB",
+                [rss_mb(daemon.pid)],
+                reference,
+                target,
+            )
+        )
+        _allocate_many(daemon, budget.memory_calls)
+        figures.append(
+            figure(
+                "rss.800.allocated",
+                f"RSS after {budget.memory_calls:,} Allocate calls, 800 devices",
+                "MB",
+                [rss_mb(daemon.pid)],
+                reference,
+                target,
+            )
+        )
+    with daemon_process("a100-8x7-mig", "mig-1g-time-slicing-100") as daemon:
+        time.sleep(0.5)
+        figures.append(
+            figure(
+                "rss.5600.start", "RSS after start-up, 5,600 devices", "MB", [rss_mb(daemon.pid)], reference
+            )
+        )
+    return figures
+
+
+def _allocate_many(daemon: DaemonProcess, calls: int) -> None:
+    ids = [d.id for d in daemon.plans[0].devices]
+    stub = daemon.kubelet.plugin(daemon.plans[0].name).stub
+    for n in range(calls):
+        chosen = [ids[n % len(ids)]] if n % 10 else _spread(ids[n % 100 :], 8, 8)
+        stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=chosen)]),
+            timeout=5,
+        )
+
+
+def idle_cpu(budget: Budget) -> list[Figure]:
+    """CPU used while nothing happens (kubelet connected, streams open), beside an idle grpcio server."""
+    window = budget.idle_seconds
+    with echo_server() as echo, daemon_process("dgx-a100", "time-slicing-100") as daemon:
+        time.sleep(min(2.0, window))
+        pids = (daemon.pid, echo.pid)
+        before = [cpu_seconds(p) for p in pids]
+        started = time.perf_counter()
+        time.sleep(window)
+        elapsed = time.perf_counter() - started
+        ours, theirs = (100.0 * (cpu_seconds(p) - b) / elapsed for p, b in zip(pids, before, strict=True))
+    return [
+        figure(
+            "idle_cpu.800",
+            f"Idle CPU over {window:g} s, 800 devices",
+            "% of a core",
+            [ours],
+            ("idle grpcio server", [theirs]),
+            worst_under(0.5, "%"),
+            note=f"CPU time is counted in {1000 // _clock_ticks()} ms ticks; short windows are coarse",
+        )
+    ]
+
+
+def _clock_ticks() -> int:
+    return int(os.sysconf("SC_CLK_TCK"))
+
+
+# ---- plan and ListAndWatch size -------------------------------------------------------------------------
+
+PLAN_NODE = "a100-8x7-mig"
+PLAN_CONFIG = "mig-1g-time-slicing-100"
+
+
+def plan(budget: Budget) -> list[Figure]:
+    config_file = config_path(PLAN_CONFIG)
+    assert config_file is not None
+    args = ["-m", "nvidia_device_plugin", "plan", "--simulate", node_path(PLAN_NODE)]
+    args += ["--config-file", str(config_file), "--output", "json"]
+    wall = [timed_command(args) * MS for _ in range(budget.plan_runs)]
+    python_pass = [python_pass_seconds() * MS for _ in range(budget.plan_runs)]
+    target = worst_under(1000, "ms")
+    figures = [
+        figure(
+            "plan.subprocess",
+            "plan --output json, 5,600 devices (process wall time)",
+            "ms",
+            wall,
+            ("python -c pass", python_pass),
+            target,
+        ),
+        figure(
+            "plan.in_process",
+            "build_resources + plan_to_json, 5,600 devices",
+            "ms",
+            _plan_in_process(config_file, max(budget.plan_runs, 3)),
+            target=target,
+        ),
+    ]
+    for node, config, resource, label in (
+        ("dgx-a100", "time-slicing-100", GPU, "800 devices"),
+        (PLAN_NODE, PLAN_CONFIG, MIG_1G, "5,600 devices"),
+    ):
+        with daemon_process(node, config) as daemon:
+            message = pb.ListAndWatchResponse(devices=list(daemon.kubelet.devices(resource).values()))
+            size = len(message.SerializeToString())
+        figures.append(
+            figure(
+                f"listandwatch.{node}",
+                f"ListAndWatch message, {label}",
+                "bytes",
+                [float(size)],
+                target=worst_under(KUBELET_RECEIVE_LIMIT, "bytes", "4 MiB (kubelet's gRPC receive limit)"),
+            )
+        )
+    return figures
+
+
+def _plan_in_process(config_file: Path, runs: int) -> list[float]:
+    config = load_config_file(config_file)
+    session = open_nvml(node_path(PLAN_NODE))
+    try:
+        inventory = discover(session.nv, session.sysfs_root)
+    finally:
+        session.close()
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        plans = build_resources(inventory, config)
+        plan_to_json(plans, inventory)
+        samples.append((time.perf_counter() - started) * MS)
+    return samples
+
+
+SCENARIOS: dict[str, Callable[[Budget], list[Figure]]] = {
+    "startup": startup,
+    "allocate": allocate_latency,
+    "preferred": preferred_latency,
+    "health": health_propagation,
+    "reregister": reregistration,
+    "memory": memory,
+    "idle": idle_cpu,
+    "plan": plan,
+}

@@ -1,0 +1,31 @@
+"""Starting an in-process daemon on a simulated node, shared by the end-to-end test files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.nvml.simulator import SimulatedNvml
+
+GPU = "nvidia.com/gpu"
+
+
+def start_daemon(
+    plugin_dir: Path, node: str = "dgx-a100", load_config: Callable[[], Config] = Config
+) -> Daemon:
+    daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=load_config, simulate=node))
+    daemon.start()
+    return daemon
+
+
+def gpu_uuids(daemon: Daemon) -> list[str]:
+    """UUIDs of the daemon's GPUs, by GPU index."""
+    assert daemon.snapshot is not None
+    return [g.uuid for g in sorted(daemon.snapshot.inventory.gpus, key=lambda g: g.index)]
+
+
+def simulator(daemon: Daemon) -> SimulatedNvml:
+    assert daemon.nvml is not None and daemon.nvml.simulator is not None
+    return daemon.nvml.simulator
