@@ -422,16 +422,18 @@ def test_registrations_and_kubelet_restarts_are_counted(
     assert value(families, "nvidia_device_plugin_kubelet_restarts_total") == 0
 
     kubelet.restart()
+    # A restart can take more than one Register call: kubelet wipes the directory while the plugin is
+    # already re-serving, and a dial-back that hits a wiped socket is retried.
     assert kubelet.wait_for(
         lambda: (
-            len([r for r in kubelet.registrations if r.resource_name == SHARED]) == 2
+            len([r for r in kubelet.registrations if r.resource_name == SHARED]) >= 2
             and daemon.manager.all_registered()
         )
     )
     families = scrape(metrics)
     assert value(families, "nvidia_device_plugin_kubelet_restarts_total") >= 1
-    assert value(families, "nvidia_device_plugin_registrations_total", resource=SHARED) == 2
-    assert value(families, "nvidia_device_plugin_registrations_total", resource=MIG) == 2
+    assert value(families, "nvidia_device_plugin_registrations_total", resource=SHARED) >= 2
+    assert value(families, "nvidia_device_plugin_registrations_total", resource=MIG) >= 2
 
 
 def test_xids_and_config_reloads_are_counted(daemon: FakeDaemon, metrics: MetricsServer) -> None:
