@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -252,10 +252,10 @@ def _base_resources(
         if gpu.mig_enabled and strategy != "none":
             for mig in sorted(gpu.mig_devices, key=lambda mig: mig.index):
                 name = _mig_resource_name(mig.profile, resources.mig, strategy)
-                base.setdefault(name, []).append(_mig_device(gpu, mig))
+                base.setdefault(name, []).append(mig_device(gpu, mig))
         else:
             name = _first_match(resources.gpus, gpu.name) or DEFAULT_GPU_RESOURCE
-            base.setdefault(name, []).append(_whole_gpu_device(gpu))
+            base.setdefault(name, []).append(whole_gpu_device(gpu))
     return base
 
 
@@ -273,7 +273,8 @@ def _first_match(patterns: Sequence[ResourcePattern], name: str) -> str | None:
     return None
 
 
-def _whole_gpu_device(gpu: Gpu) -> AdvertisedDevice:
+def whole_gpu_device(gpu: Gpu) -> AdvertisedDevice:
+    """The unshared advertised device for a whole GPU."""
     return AdvertisedDevice(
         id=gpu.uuid,
         kind="gpu",
@@ -287,7 +288,8 @@ def _whole_gpu_device(gpu: Gpu) -> AdvertisedDevice:
     )
 
 
-def _mig_device(gpu: Gpu, mig: MigDevice) -> AdvertisedDevice:
+def mig_device(gpu: Gpu, mig: MigDevice) -> AdvertisedDevice:
+    """The unshared advertised device for a MIG device of `gpu`."""
     return AdvertisedDevice(
         id=mig.uuid,
         kind="mig",
@@ -363,7 +365,7 @@ def _apply_sharing(
                 "use one count or give one entry a rename"
             )
         target.replicas, target.replicas_origin = entry.replicas, path
-        target.devices.extend(_replica(dev, n) for dev in selected for n in range(entry.replicas))
+        target.devices.extend(replica_of(dev, n) for dev in selected for n in range(entry.replicas))
     for name, devices in base.items():
         taken = claimed.get(name, {})
         unshared = [dev for dev in devices if dev.id not in taken]
@@ -482,18 +484,9 @@ def _unresolved_ref(
     return f"{field_path} = {ref!r} matches no device on this node; {name} has {_list_devices(devices)}"
 
 
-def _replica(dev: AdvertisedDevice, replica: int) -> AdvertisedDevice:
-    return AdvertisedDevice(
-        id=replica_id(dev.physical_uuid, replica),
-        kind=dev.kind,
-        physical_uuid=dev.physical_uuid,
-        gpu_uuid=dev.gpu_uuid,
-        gpu_index=dev.gpu_index,
-        mig_index=dev.mig_index,
-        replica=replica,
-        numa_node=dev.numa_node,
-        memory_bytes=dev.memory_bytes,
-    )
+def replica_of(dev: AdvertisedDevice, replica: int) -> AdvertisedDevice:
+    """Replica `replica` of an unshared advertised device."""
+    return replace(dev, id=replica_id(dev.physical_uuid, replica), replica=replica)
 
 
 def _plan(

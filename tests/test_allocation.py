@@ -22,6 +22,8 @@ from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError, ConfigError
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
 
+from builders import gpu_device, mig_device
+
 GOLDEN = Path(__file__).parent / "golden" / "allocate"
 GIB = 1024**3
 
@@ -76,21 +78,11 @@ def _inventory() -> Inventory:
 
 
 def _gpu(uuid: str, index: int, replica: int | None = None) -> AdvertisedDevice:
-    return AdvertisedDevice(
-        id=uuid if replica is None else replica_id(uuid, replica),
-        kind="gpu",
-        physical_uuid=uuid,
-        gpu_uuid=uuid,
-        gpu_index=index,
-        mig_index=None,
-        replica=replica,
-        numa_node=0,
-        memory_bytes=80 * GIB,
-    )
+    return gpu_device(uuid, index, replica)
 
 
 def _mig(uuid: str, mig_index: int) -> AdvertisedDevice:
-    return AdvertisedDevice(uuid, "mig", uuid, GPU2, 2, mig_index, None, 1, 10 * GIB)
+    return mig_device(uuid, GPU2, 2, mig_index, numa=1)
 
 
 WHOLE = ResourcePlan("nvidia.com/gpu", (_gpu(GPU0, 0), _gpu(GPU1, 1)))

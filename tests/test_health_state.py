@@ -3,7 +3,9 @@ from __future__ import annotations
 import threading
 
 from nvidia_device_plugin.health_state import HealthChange, HealthRegistry
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
+from nvidia_device_plugin.resources import ResourcePlan, replica_id
+
+from builders import gpu_device, mig_device
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
@@ -11,52 +13,24 @@ MIG0_0 = "MIG-00000000-aaaa-0000-0000-000000000000"
 MIG0_1 = "MIG-00000000-bbbb-0000-0000-000000000000"
 
 
-def whole(uuid: str, index: int, replica: int | None = None) -> AdvertisedDevice:
-    return AdvertisedDevice(
-        id=uuid if replica is None else replica_id(uuid, replica),
-        kind="gpu",
-        physical_uuid=uuid,
-        gpu_uuid=uuid,
-        gpu_index=index,
-        mig_index=None,
-        replica=replica,
-        numa_node=0,
-        memory_bytes=80 << 30,
-    )
-
-
-def mig(
-    uuid: str, parent: str, gpu_index: int, mig_index: int, replica: int | None = None
-) -> AdvertisedDevice:
-    return AdvertisedDevice(
-        id=uuid if replica is None else replica_id(uuid, replica),
-        kind="mig",
-        physical_uuid=uuid,
-        gpu_uuid=parent,
-        gpu_index=gpu_index,
-        mig_index=mig_index,
-        replica=replica,
-        numa_node=0,
-        memory_bytes=10 << 30,
-    )
-
-
 def plans() -> list[ResourcePlan]:
     """A node as a mixed strategy with time-slicing would advertise it: GPU 0 carved, GPU 1 whole."""
     return [
         ResourcePlan(
             name="nvidia.com/mig-1g.10gb",
-            devices=tuple(mig(m, GPU0, 0, j, r) for j, m in enumerate((MIG0_0, MIG0_1)) for r in range(3)),
+            devices=tuple(
+                mig_device(m, GPU0, 0, j, r) for j, m in enumerate((MIG0_0, MIG0_1)) for r in range(3)
+            ),
             sharing="time-slicing",
             replicas=3,
         ),
         ResourcePlan(
             name="nvidia.com/gpu.shared",
-            devices=tuple(whole(GPU1, 1, r) for r in range(4)),
+            devices=tuple(gpu_device(GPU1, 1, r) for r in range(4)),
             sharing="time-slicing",
             replicas=4,
         ),
-        ResourcePlan(name="nvidia.com/gpu", devices=(whole(GPU0, 0),)),
+        ResourcePlan(name="nvidia.com/gpu", devices=(gpu_device(GPU0, 0),)),
     ]
 
 
@@ -77,24 +51,24 @@ def test_an_unhealthy_gpu_takes_down_its_replicas_and_mig_devices_in_every_resou
         GPU0,
         *(replica_id(m, r) for m in (MIG0_0, MIG0_1) for r in range(3)),
     }
-    assert registry.reason(mig(MIG0_1, GPU0, 0, 1, 2)) == "XID 79"
-    assert registry.reason(whole(GPU1, 1, 0)) is None
+    assert registry.reason(mig_device(MIG0_1, GPU0, 0, 1, 2)) == "XID 79"
+    assert registry.reason(gpu_device(GPU1, 1, 0)) is None
 
 
 def test_an_unhealthy_mig_device_affects_only_itself_and_its_replicas() -> None:
     registry = HealthRegistry()
     registry.mark(HealthChange(MIG0_1, healthy=False, reason="XID 94", xid=94))
     assert unhealthy_ids(registry) == {replica_id(MIG0_1, r) for r in range(3)}
-    assert registry.is_healthy(whole(GPU0, 0))
+    assert registry.is_healthy(gpu_device(GPU0, 0))
 
 
 def test_gpu_reason_wins_over_its_mig_devices_reason() -> None:
     registry = HealthRegistry()
     registry.mark(HealthChange(MIG0_0, healthy=False, reason="XID 94", xid=94))
     registry.mark(HealthChange(GPU0, healthy=False, reason="GPU lost"))
-    assert registry.reason(mig(MIG0_0, GPU0, 0, 0)) == "GPU lost"
+    assert registry.reason(mig_device(MIG0_0, GPU0, 0, 0)) == "GPU lost"
     registry.mark(HealthChange(GPU0, healthy=True, reason="recovered"))
-    assert registry.reason(mig(MIG0_0, GPU0, 0, 0)) == "XID 94"
+    assert registry.reason(mig_device(MIG0_0, GPU0, 0, 0)) == "XID 94"
 
 
 def test_mark_reports_only_real_changes_and_keeps_the_first_reason() -> None:

@@ -26,7 +26,7 @@ from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.metrics import MetricsServer, parse_address, start_metrics
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.plugin.server import DeviceState
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
+from nvidia_device_plugin.resources import ResourcePlan, mig_device, replica_of, whole_gpu_device
 
 GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
@@ -58,34 +58,6 @@ def _mig(uuid: str, index: int) -> MigDevice:
     )
 
 
-def _whole(gpu: Gpu, replica: int) -> AdvertisedDevice:
-    return AdvertisedDevice(
-        id=replica_id(gpu.uuid, replica),
-        kind="gpu",
-        physical_uuid=gpu.uuid,
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        mig_index=None,
-        replica=replica,
-        numa_node=0,
-        memory_bytes=gpu.memory_bytes,
-    )
-
-
-def _mig_device(mig: MigDevice) -> AdvertisedDevice:
-    return AdvertisedDevice(
-        id=mig.uuid,
-        kind="mig",
-        physical_uuid=mig.uuid,
-        gpu_uuid=mig.parent_uuid,
-        gpu_index=mig.parent_index,
-        mig_index=mig.index,
-        replica=None,
-        numa_node=0,
-        memory_bytes=mig.memory_bytes,
-    )
-
-
 MIGS = (_mig(MIG2_0, 0), _mig(MIG2_1, 1))
 INVENTORY = Inventory(
     gpus=(
@@ -100,11 +72,11 @@ INVENTORY = Inventory(
 PLANS = (
     ResourcePlan(
         SHARED,
-        tuple(_whole(gpu, r) for gpu in INVENTORY.gpus[:2] for r in range(4)),
+        tuple(replica_of(whole_gpu_device(gpu), r) for gpu in INVENTORY.gpus[:2] for r in range(4)),
         sharing="time-slicing",
         replicas=4,
     ),
-    ResourcePlan(MIG, tuple(_mig_device(m) for m in MIGS)),
+    ResourcePlan(MIG, tuple(mig_device(INVENTORY.gpus[2], m) for m in MIGS)),
 )
 
 
