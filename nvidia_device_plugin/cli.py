@@ -125,8 +125,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return run_demo(args.simulate, load_config, sys.stdout, pod_devices=args.pod_devices)
         return _run(args, env, load_config)
     except DevicePluginError as exc:
-        log.error("%s", exc)
-        print(f"nvidia-device-plugin: {exc}", file=sys.stderr)
+        log.error("%s", exc)  # logging goes to stderr: the one line an operator reads in `kubectl logs`
         return 1
 
 

@@ -90,11 +90,15 @@ class Daemon:
         config = self.options.load_config()
         try:
             self.nvml = open_nvml(self.options.simulate)
-        except NvmlError:
+        except NvmlError as exc:
             if config.flags.fail_on_init_error:
                 raise
             # NVIDIA's behaviour: on a node without GPUs, idle instead of crash-looping the DaemonSet pod.
-            log.exception("NVML unavailable and failOnInitError is false: serving no resources")
+            log.error(
+                "%s; failOnInitError is false, so serving no resources (schedule this DaemonSet on GPU "
+                "nodes only, or fix the driver and restart the pod)",
+                exc,
+            )
             self.manager.start()
             return
         inventory = discover(self.nvml.nv, self.nvml.sysfs_root)
