@@ -289,3 +289,33 @@ def test_configmap_swap_reloads_live_and_bad_edits_keep_last_good(
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=5)
     finally:
         daemon.stop()
+
+
+def test_reload_replaces_renamed_resource_servers_and_sockets(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    from nvidia_device_plugin.config.v1 import ReplicatedResource, ReplicatedResources, Sharing
+
+    renamed = Config(
+        sharing=Sharing(
+            time_slicing=ReplicatedResources(
+                resources=(ReplicatedResource(name=GPU, replicas=2, rename="nvidia.com/gpu.shared"),)
+            )
+        )
+    )
+    configs = [renamed]
+    daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1])
+    try:
+        assert kubelet.wait_for_resources(["nvidia.com/gpu.shared"])
+        assert (plugin_dir / "nvidia-gpu.shared.sock").exists()
+        assert not (plugin_dir / "nvidia-gpu.sock").exists()
+        configs.append(Config())
+        assert daemon.reload("test")
+        assert not (
+            plugin_dir / "nvidia-gpu.shared.sock"
+        ).exists()  # vanished resource: server and socket gone
+        assert kubelet.wait_for(lambda: GPU in kubelet.resources() and len(kubelet.devices(GPU)) == 8)
+        assert daemon.manager.served() == {GPU}
+        assert kubelet.wait_for(daemon.manager.all_registered)
+    finally:
+        daemon.stop()
