@@ -25,11 +25,11 @@ from collections.abc import Callable
 from types import TracebackType
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class ConfigWatcher:
         with self._lock:
             observer, self._observer = self._observer, None
         if observer is not None:
-            _stop_observer(observer, timeout)
+            stop_watching(observer, timeout)
         worker, self._worker = self._worker, None
         if worker is not None and worker is not threading.current_thread():
             worker.join(timeout)
@@ -135,10 +135,10 @@ class ConfigWatcher:
             if self._stop.is_set():
                 return
             if self._observer is not None:
-                if _observer_healthy(self._observer):
+                if watching(self._observer):
                     return
                 logger.warning("lost the filesystem watch on %s; re-creating it", self._source.describe())
-                _stop_observer(self._observer, 1.0)
+                stop_watching(self._observer, 1.0)
                 self._observer = None
             self._observer = self._start_observer()
 
@@ -146,20 +146,9 @@ class ConfigWatcher:
         paths = self._source.watch_paths()
         if not paths:
             return None
-        observer = Observer()
-        observer.name = "config-watcher-events"
-        reader = getattr(observer, "_inotify_fd", None)  # watchdog's inotify reader thread, unnamed otherwise
-        if isinstance(reader, threading.Thread):
-            reader.name = "config-watcher-inotify"
-        handler = _Wake(self._dirty)
         try:
-            for path in paths:
-                observer.schedule(handler, str(path), recursive=False)
-            for i, emitter in enumerate(observer.emitters):
-                emitter.name = f"config-watcher-emitter-{i}"
-            observer.start()
+            observer = watch_directories(paths, _Wake(self._dirty), "config-watcher-events")
         except OSError as exc:
-            _stop_observer(observer, 1.0)
             if not self._observer_failed:
                 logger.warning(
                     "cannot watch %s (%s); checking for changes every %.0fs until it can",
@@ -204,14 +193,3 @@ class ConfigWatcher:
             except Exception:
                 logger.exception("config change handler failed")
         self._checks += 1
-
-
-def _observer_healthy(observer: BaseObserver) -> bool:
-    # An emitter stops by itself when its directory is deleted; the observer then hears nothing.
-    return observer.is_alive() and all(emitter.is_alive() for emitter in list(observer.emitters))
-
-
-def _stop_observer(observer: BaseObserver, timeout: float) -> None:
-    observer.stop()  # also stops and joins the emitters and watchdog's inotify reader
-    if observer.is_alive():
-        observer.join(timeout)

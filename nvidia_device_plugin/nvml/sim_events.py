@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
+from nvidia_device_plugin.fswatch import stop_watching, watch_directories
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,7 @@ class SimulatedEventFeeder:
         self._poll_interval_s = poll_interval_s
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._observer: Any = None
+        self._observer: BaseObserver | None = None
         self._thread: threading.Thread | None = None
         self._file: BinaryIO | None = None  # None while the path does not exist
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
@@ -143,11 +145,9 @@ class SimulatedEventFeeder:
             raise RuntimeError("SimulatedEventFeeder.start() called twice")
         log.info("simulated events: following %s", self._path)
         if self._path.parent.is_dir():
-            observer = Observer()
-            observer.name = "sim-events-watch"
-            observer.schedule(_Wake(self._path, self._wake), str(self._path.parent), recursive=False)
-            observer.start()
-            self._observer = observer
+            self._observer = watch_directories(
+                [self._path.parent], _Wake(self._path, self._wake), "sim-events-watch"
+            )
         self._thread = threading.Thread(target=self._run, name="sim-events", daemon=True)
         self._thread.start()
 
@@ -155,8 +155,7 @@ class SimulatedEventFeeder:
         self._stop.set()
         self._wake.set()
         if self._observer is not None:
-            self._observer.stop()
-            self._observer.join()
+            stop_watching(self._observer)
             self._observer = None
         if self._thread is not None:
             self._thread.join(timeout=self._poll_interval_s + 5.0)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import grpc
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
+from nvidia_device_plugin.fswatch import stop_watching, watch_directories
 from nvidia_device_plugin.plugin.server import ResourceBackend, ResourceServer, ServerHooks
 
 log = logging.getLogger(__name__)
@@ -110,17 +111,13 @@ class PluginManager:
         self._stop = threading.Event()
         self._last_failure: dict[str, str] = {}
         self._thread: threading.Thread | None = None
-        self._observer: Observer | None = None  # type: ignore[valid-type]
+        self._observer: BaseObserver | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        observer = Observer()
-        observer.name = "plugin-dir-watch"
-        observer.schedule(_DirectoryEvents(self), str(self.plugin_dir), recursive=False)
-        observer.start()
-        self._observer = observer
+        self._observer = watch_directories([self.plugin_dir], _DirectoryEvents(self), "plugin-dir-watch")
         self._thread = threading.Thread(target=self._run, name="plugin-registrar", daemon=True)
         self._thread.start()
         if not self.kubelet_socket.exists():
@@ -130,8 +127,7 @@ class PluginManager:
         self._stop.set()
         self._wake.set()
         if self._observer is not None:
-            self._observer.stop()
-            self._observer.join()
+            stop_watching(self._observer)
             self._observer = None
         if self._thread is not None:
             self._thread.join()

@@ -1,0 +1,51 @@
+"""Watching directories with watchdog (inotify on Linux): started, named and stopped in one place.
+
+Every watch here is on a directory, never a file: kubelet replaces sockets and ConfigMap symlinks
+by creating new entries, which a watch on the old file would never see.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from watchdog.events import FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+
+
+def watch_directories(
+    directories: Sequence[Path], handler: FileSystemEventHandler, name: str
+) -> BaseObserver:
+    """A started observer calling `handler` for entries of `directories` (not recursive).
+
+    Its threads are named after `name` (the observer, its emitters, watchdog's inotify reader), so a
+    thread dump says whose they are. Raises OSError when a directory cannot be watched.
+    """
+    observer = Observer()
+    observer.name = name
+    reader = getattr(observer, "_inotify_fd", None)  # watchdog's inotify reader thread, unnamed otherwise
+    if isinstance(reader, threading.Thread):
+        reader.name = f"{name}-inotify"
+    try:
+        for directory in directories:
+            observer.schedule(handler, str(directory), recursive=False)
+        for i, emitter in enumerate(observer.emitters):
+            emitter.name = f"{name}-emitter-{i}"
+        observer.start()
+    except OSError:
+        stop_watching(observer, 1.0)
+        raise
+    return observer
+
+
+def watching(observer: BaseObserver) -> bool:
+    """Whether the observer still hears events: an emitter stops by itself when its directory is deleted."""
+    return observer.is_alive() and all(emitter.is_alive() for emitter in list(observer.emitters))
+
+
+def stop_watching(observer: BaseObserver, timeout: float = 5.0) -> None:
+    observer.stop()  # also stops and joins the emitters and watchdog's inotify reader
+    if observer.is_alive():
+        observer.join(timeout)
