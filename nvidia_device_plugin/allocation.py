@@ -127,13 +127,7 @@ class AllocationIndex:
         self.plan = plan
         self._devices = {d.id: d for d in plan.devices}
         self._replicas = mps.replica_counts(plan)
-        self._gpus: dict[str, Gpu] = {}
-        self._migs: dict[str, MigDevice] = {}
-        if inventory is not None:
-            for gpu in inventory.gpus:
-                self._gpus[gpu.uuid] = gpu
-                for mig in gpu.mig_devices:
-                    self._migs[mig.uuid] = mig
+        self._inventory = inventory
 
     def device(self, device_id: str) -> AdvertisedDevice | None:
         return self._devices.get(device_id)
@@ -142,10 +136,10 @@ class AllocationIndex:
         return self._replicas.get(physical_uuid, 1)
 
     def gpu(self, gpu_uuid: str) -> Gpu | None:
-        return self._gpus.get(gpu_uuid)
+        return self._inventory.gpu(gpu_uuid) if self._inventory is not None else None
 
     def mig(self, mig_uuid: str) -> MigDevice | None:
-        return self._migs.get(mig_uuid)
+        return self._inventory.mig_device(mig_uuid) if self._inventory is not None else None
 
 
 def allocate(

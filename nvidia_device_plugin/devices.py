@@ -64,24 +64,21 @@ class Inventory:
     links: tuple[GpuLink, ...] = ()
     driver_version: str = ""
     cuda_driver_version: int = 0
+    # Lookup tables derived from the fields above, so each lookup is O(1) on hot paths.
     _by_uuid: dict[str, Gpu] = field(default_factory=dict, compare=False, repr=False)
+    _migs: dict[str, MigDevice] = field(default_factory=dict, compare=False, repr=False)
+    _links: dict[tuple[int, int], GpuLink] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._by_uuid.update({g.uuid: g for g in self.gpus})
+        self._migs.update({m.uuid: m for g in self.gpus for m in g.mig_devices})
+        self._links.update({(link.a, link.b): link for link in self.links})
 
-    def gpu(self, uuid: str) -> Gpu:
-        return self._by_uuid[uuid]
+    def gpu(self, uuid: str) -> Gpu | None:
+        return self._by_uuid.get(uuid)
 
     def link(self, a: int, b: int) -> GpuLink | None:
-        lo, hi = min(a, b), max(a, b)
-        for link in self.links:
-            if link.a == lo and link.b == hi:
-                return link
-        return None
+        return self._links.get((min(a, b), max(a, b)))
 
     def mig_device(self, uuid: str) -> MigDevice | None:
-        for gpu in self.gpus:
-            for mig in gpu.mig_devices:
-                if mig.uuid == uuid:
-                    return mig
-        return None
+        return self._migs.get(uuid)

@@ -66,7 +66,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nvidia_device_plugin.devices import GpuLink, Inventory, PcieLevel
+from nvidia_device_plugin.devices import Inventory, PcieLevel
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
 
@@ -160,14 +160,12 @@ def _best_connected(
     n = len(gpus)
     if size == n:
         return gpus
-    links: dict[tuple[int, int], GpuLink] = {(link.a, link.b): link for link in inventory.links}
     # NVLink lanes must dominate the closeness sum, so they are scaled past its largest possible value.
     scale = _CLOSENESS_MAX * n * (n - 1) // 2 + 1
     weight = [[0] * n for _ in range(n)]
     for a in range(n):
         for b in range(a + 1, n):
-            lo, hi = sorted((gpus[a].gpu_index, gpus[b].gpu_index))
-            link = links.get((lo, hi))
+            link = inventory.link(gpus[a].gpu_index, gpus[b].gpu_index)
             w = 0 if link is None else link.nvlinks * scale + pcie_closeness(link.pcie)
             weight[a][b] = weight[b][a] = w
     required_ids = {d.id for d in required}

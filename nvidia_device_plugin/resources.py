@@ -125,14 +125,6 @@ class ResourcePlan:
         return None
 
 
-def physical_uuids(devices: Iterable[AdvertisedDevice]) -> list[str]:
-    """Physical UUIDs behind `devices`, deduplicated, first occurrence order kept."""
-    seen: dict[str, None] = {}
-    for dev in devices:
-        seen.setdefault(dev.physical_uuid, None)
-    return list(seen)
-
-
 DEFAULT_GPU_RESOURCE = f"{RESOURCE_PREFIX}/gpu"
 
 SharingMode = Literal["none", "time-slicing", "mps"]
