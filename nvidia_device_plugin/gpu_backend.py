@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from nvidia_device_plugin.allocation import AllocationIndex, AllocationSettings, allocate
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
@@ -10,25 +10,7 @@ from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.health_state import HealthRegistry
 from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.preferred import preferred_allocation
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
-
-
-class _UnhealthyIds:
-    """The plan's unhealthy device IDs, looked up on demand: Allocate asks about a few IDs, not all 800."""
-
-    def __init__(self, by_id: dict[str, AdvertisedDevice], registry: HealthRegistry) -> None:
-        self._by_id = by_id
-        self._registry = registry
-
-    def __contains__(self, device_id: object) -> bool:
-        device = self._by_id.get(device_id) if isinstance(device_id, str) else None
-        return device is not None and not self._registry.is_healthy(device)
-
-    def __iter__(self) -> Iterator[str]:
-        return (i for i, d in self._by_id.items() if not self._registry.is_healthy(d))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+from nvidia_device_plugin.resources import ResourcePlan
 
 
 class GpuResourceBackend:
@@ -45,7 +27,6 @@ class GpuResourceBackend:
         self.inventory = inventory
         self.settings = settings
         self.registry = registry
-        self._unhealthy = _UnhealthyIds({d.id: d for d in plan.devices}, registry)
         self._index = AllocationIndex(plan, inventory)
 
     def devices(self) -> Sequence[DeviceState]:
@@ -57,7 +38,8 @@ class GpuResourceBackend:
             self.plan,
             requests,
             self.settings,
-            unhealthy=self._unhealthy,
+            # Keyed by physical UUID: allocate checks each device's GPU/MIG UUID against it.
+            unhealthy=self.registry.unhealthy(),
             inventory=self.inventory,
             index=self._index,
         )
