@@ -11,21 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.resources import AdvertisedDevice
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HealthChange:
-    """A physical device (GPU or MIG UUID) became healthy or unhealthy."""
-
-    uuid: str
-    healthy: bool
-    reason: str  # operator-readable, e.g. "XID 79 (GPU has fallen off the bus)" or "GPU lost"
-    xid: int | None = None
 
 
 HealthListener = Callable[[HealthChange], None]

@@ -1,0 +1,56 @@
+"""The one typed interface by which things that happen reach metrics (and anything else that counts them).
+
+Every producer (gRPC servers, the registrar, the health monitor, the daemon's reload) is handed one
+`Events` object and calls its methods; the default implementation does nothing, so a producer never
+checks for a missing listener. Methods are called on gRPC, registrar, health and watcher threads: an
+implementation must be thread-safe, must not block, and must not raise (a raise is the producer's bug
+report, not a way to veto anything).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+CallError = Literal["invalid_argument", "internal"]
+
+
+@dataclass(frozen=True)
+class HealthChange:
+    """A physical device (GPU or MIG UUID) became healthy or unhealthy."""
+
+    uuid: str
+    healthy: bool
+    reason: str  # operator-readable, e.g. "XID 79 (GPU has fallen off the bus)" or "GPU lost"
+    xid: int | None = None
+
+
+class Events:
+    """Receives what happens in the daemon. This base class ignores everything; override what you count."""
+
+    def call_answered(
+        self,
+        resource: str,
+        method: Literal["Allocate", "GetPreferredAllocation"],
+        seconds: float,
+        error: CallError | None,
+    ) -> None:
+        """A unary kubelet call on `resource` finished (error None: answered successfully)."""
+
+    def registered(self, resource: str) -> None:
+        """`resource` was registered with kubelet (at start, after a kubelet restart, or a rebind)."""
+
+    def kubelet_restarted(self) -> None:
+        """Kubelet re-created its registration socket."""
+
+    def config_reloaded(self, applied: bool, error: str) -> None:
+        """A config reload was applied, or rejected with `error` (the previous config keeps serving)."""
+
+    def xid_seen(self, gpu_uuid: str, xid: int, critical: bool) -> None:
+        """NVML reported an XID on a GPU; critical when the health policy takes devices down for it."""
+
+    def health_changed(self, change: HealthChange) -> None:
+        """A physical device flipped between healthy and unhealthy."""
+
+
+NO_EVENTS = Events()
