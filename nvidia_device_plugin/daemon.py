@@ -18,9 +18,10 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
+from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health import HealthMonitor
-from nvidia_device_plugin.health_state import HealthChange, HealthRegistry
+from nvidia_device_plugin.health_state import HealthRegistry
 from nvidia_device_plugin.mps import MpsDaemonSupervisor
 from nvidia_device_plugin.nvml.backend import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.discovery import discover

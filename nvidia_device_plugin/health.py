@@ -49,7 +49,8 @@ import pynvml
 
 from nvidia_device_plugin.config.v1 import Health
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
-from nvidia_device_plugin.health_state import HealthChange, HealthRegistry
+from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health_state import HealthRegistry
 
 log = logging.getLogger(__name__)
 

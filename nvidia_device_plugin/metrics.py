@@ -31,7 +31,8 @@ from prometheus_client.registry import Collector
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import ConfigError, DevicePluginError
-from nvidia_device_plugin.health_state import HealthChange, HealthRegistry
+from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health_state import HealthRegistry
 from nvidia_device_plugin.plugin.manager import PluginManager
 from nvidia_device_plugin.resources import ResourcePlan
 

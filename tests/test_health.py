@@ -13,6 +13,7 @@ import pytest
 
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health, Recovery
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
+from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health import (
     NOT_ATTRIBUTED,
     REASON_DOUBLE_BIT_ECC,
@@ -21,7 +22,7 @@ from nvidia_device_plugin.health import (
     attribute_xid,
     xid_reason,
 )
-from nvidia_device_plugin.health_state import HealthChange, HealthRegistry
+from nvidia_device_plugin.health_state import HealthRegistry
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.node import load_node, parse_node
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml

@@ -21,7 +21,8 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError, ConfigError, DevicePluginError
-from nvidia_device_plugin.health_state import HealthChange, HealthRegistry
+from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health_state import HealthRegistry
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.metrics import MetricsServer, parse_address, start_metrics
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
