@@ -12,7 +12,7 @@ Each container request is checked, then answered the way NVIDIA's k8s-device-plu
   kubelet's retries the same answer. `cdi-cri`: the same names as `cdi_devices`. With `gdrcopyEnabled`,
   `gdsEnabled` or `mofedEnabled`, `k8s.device-plugin.nvidia.com/gdrcopy=all`, `.../gds=all` and
   `.../mofed=all` follow the GPUs, in that order.
-* MPS replicas get the environment and mounts of `mps.py`.
+* MPS replicas get the environment and mounts of `sharing/mps.py`.
 * `gdrcopyEnabled` / `gdsEnabled` / `mofedEnabled` set NVIDIA_GDRCOPY / NVIDIA_GDS / NVIDIA_MOFED=enabled,
   under every strategy.
 * When every strategy is a CDI one, that is all: NVIDIA_VISIBLE_DEVICES is left unset (the CDI spec sets
@@ -36,12 +36,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin import mps
 from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.config.v1 import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES, Config
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError, ConfigError
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+from nvidia_device_plugin.sharing import mps
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"

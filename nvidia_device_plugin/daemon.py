@@ -22,12 +22,12 @@ from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health import HealthMonitor
 from nvidia_device_plugin.health_state import HealthRegistry
-from nvidia_device_plugin.mps import MpsDaemonSupervisor
 from nvidia_device_plugin.nvml.backend import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.sim_events import SimulatedEventFeeder
 from nvidia_device_plugin.plugin.manager import ManagerHooks, PluginManager, ResourceSpec
 from nvidia_device_plugin.resources import ResourcePlan, build_resources
+from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor
 
 log = logging.getLogger(__name__)
 

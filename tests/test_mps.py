@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin import mps
 from nvidia_device_plugin.api.v1beta1 import api_pb2
-from nvidia_device_plugin.mps import MpsDaemonSupervisor, daemon_specs
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
+from nvidia_device_plugin.sharing import mps, mps_daemon
+from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor, daemon_specs
 
 GIB = 1024**3
 GPU0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
@@ -177,14 +177,14 @@ def test_supervisor_restarts_a_daemon_that_died(tmp_path: Path, fake_control: st
     supervisor.start()
     try:
         assert supervisor.wait_ready(10.0)
-        first = mps.running_pid(str(pipe))
+        first = mps_daemon.running_pid(str(pipe))
         assert first is not None
         os.kill(first, signal.SIGKILL)
         _eventually(lambda: len(_lines(pipe / "launches")) == 2, "a second launch")
         _eventually(
             lambda: len(_lines(pipe / "commands")) == 4 and supervisor.ready(), "the restarted daemon"
         )
-        second = mps.running_pid(str(pipe))
+        second = mps_daemon.running_pid(str(pipe))
         assert second is not None and second != first
         assert _lines(pipe / "commands")[2:] == _lines(pipe / "commands")[:2]  # limits set again
         other = tmp_path / "nvidia.com/gpu" / GPU1 / "pipe"
@@ -198,12 +198,12 @@ def test_stop_sends_quit_and_the_daemons_are_gone(tmp_path: Path, fake_control: 
     supervisor.start()
     assert supervisor.wait_ready(10.0)
     pipes = [tmp_path / "nvidia.com/gpu" / gpu / "pipe" for gpu in (GPU0, GPU1)]
-    pids = [mps.running_pid(str(p)) for p in pipes]
+    pids = [mps_daemon.running_pid(str(p)) for p in pipes]
     supervisor.stop()
     for pipe, pid in zip(pipes, pids, strict=True):
         assert pid is not None
         assert _lines(pipe / "commands")[-1] == "quit"
-        assert mps.running_pid(str(pipe)) is None
+        assert mps_daemon.running_pid(str(pipe)) is None
     assert not supervisor.ready()
 
 
@@ -215,7 +215,7 @@ def test_a_successor_adopts_running_daemons_instead_of_starting_more(
     assert first.wait_ready(10.0)
     first.stop(quit_daemons=False)
     pipe = tmp_path / "nvidia.com/gpu" / GPU0 / "pipe"
-    pid = mps.running_pid(str(pipe))
+    pid = mps_daemon.running_pid(str(pipe))
     assert pid is not None
 
     second = _supervisor(tmp_path, fake_control)
@@ -223,7 +223,7 @@ def test_a_successor_adopts_running_daemons_instead_of_starting_more(
     try:
         assert second.wait_ready(10.0)
         assert _lines(pipe / "launches") == ["-d"]
-        assert mps.running_pid(str(pipe)) == pid
+        assert mps_daemon.running_pid(str(pipe)) == pid
     finally:
         second.stop()
 

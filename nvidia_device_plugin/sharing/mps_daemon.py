@@ -1,25 +1,11 @@
-"""MPS sharing: what a client container needs, and the control daemons that serve it.
+"""MPS control daemons: one `nvidia-cuda-mps-control -d` per shared GPU, supervised and restarted.
 
-One `nvidia-cuda-mps-control -d` runs per shared GPU, with `CUDA_VISIBLE_DEVICES` set to that GPU alone.
-NVIDIA's plugin runs one daemon per resource instead. One per GPU is used here for two reasons. An MPS
-server that hits a fatal fault takes all its clients down, and with one daemon per GPU that is one GPU's
-clients, not the whole node's. And with a single visible GPU the daemon's device ordinal 0 always means
-that GPU, so the pinned-memory limit lands on the right device. A container gets at most one MPS replica
-(NVIDIA refuses larger MPS requests too), so it always needs exactly one pipe directory.
-
-Host paths under `mps_root` (`flags.mpsRoot`, default /run/nvidia/mps), which must be the same path on the
-host and in the plugin container:
-
-    <mps_root>/<resource>/<gpu-uuid>/pipe   the daemon's CUDA_MPS_PIPE_DIRECTORY
-    <mps_root>/<resource>/<gpu-uuid>/log    its CUDA_MPS_LOG_DIRECTORY
-    <mps_root>/shm                          shared memory, seen as /dev/shm by the daemons and clients
-
-The container sees what NVIDIA's plugin gives it: /mps/<resource>/pipe, /mps/<resource>/log (read-only),
-and /dev/shm. Its limits are the GPU's memory and SMs split evenly among the replicas:
-CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<memory / replicas, in MiB>M" and
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<100 // replicas>. The daemon gets the same values as its defaults
-(`set_default_device_pinned_mem_limit`, `set_default_active_thread_percentage`). The daemon's values are
-the ones that hold, because a container can change its own environment.
+Each runs with `CUDA_VISIBLE_DEVICES` set to its GPU alone. NVIDIA's plugin runs one daemon per resource
+instead. One per GPU is used here for two reasons. An MPS server that hits a fatal fault takes all its
+clients down, and with one daemon per GPU that is one GPU's clients, not the whole node's. And with a
+single visible GPU the daemon's device ordinal 0 always means that GPU, so the pinned-memory limit lands on
+the right device. A container gets at most one MPS replica (NVIDIA refuses larger MPS requests too), so it
+always needs exactly one pipe directory. Paths and limits come from sharing/mps.py.
 """
 
 from __future__ import annotations
@@ -31,82 +17,23 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.sharing.mps import (
+    active_thread_percentage,
+    host_log_dir,
+    host_pipe_dir,
+    pinned_memory_limit_mib,
+    replica_counts,
+)
 
 log = logging.getLogger(__name__)
 
 CONTROL_EXECUTABLE = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon into its pipe directory
-CONTAINER_ROOT = "/mps"
-CONTAINER_SHM_DIR = "/dev/shm"
-_MIB = 1024 * 1024
-
-
-def host_pipe_dir(mps_root: str, resource_name: str, gpu_uuid: str) -> str:
-    return posixpath.join(mps_root, resource_name, gpu_uuid, "pipe")
-
-
-def host_log_dir(mps_root: str, resource_name: str, gpu_uuid: str) -> str:
-    return posixpath.join(mps_root, resource_name, gpu_uuid, "log")
-
-
-def host_shm_dir(mps_root: str) -> str:
-    return posixpath.join(mps_root, "shm")
-
-
-def container_pipe_dir(resource_name: str) -> str:
-    return posixpath.join(CONTAINER_ROOT, resource_name, "pipe")
-
-
-def container_log_dir(resource_name: str) -> str:
-    return posixpath.join(CONTAINER_ROOT, resource_name, "log")
-
-
-def pinned_memory_limit_mib(memory_bytes: int, replicas: int) -> int:
-    """Each replica's share of the device memory, in whole MiB (rounded down)."""
-    return memory_bytes // max(replicas, 1) // _MIB
-
-
-def active_thread_percentage(replicas: int) -> int:
-    """Each replica's share of the SMs, in whole percent (rounded down, at least 1)."""
-    return max(100 // max(replicas, 1), 1)
-
-
-def replica_counts(plan: ResourcePlan) -> Counter[str]:
-    """Replicas per physical device in `plan` (devices the plan does not share are absent)."""
-    return Counter(d.physical_uuid for d in plan.devices if d.replica is not None)
-
-
-def client_envs(resource_name: str, memory_bytes: int, replicas: int) -> dict[str, str]:
-    """Environment for a container holding one MPS replica of a device with `memory_bytes`."""
-    return {
-        "CUDA_MPS_PIPE_DIRECTORY": container_pipe_dir(resource_name),
-        "CUDA_MPS_LOG_DIRECTORY": container_log_dir(resource_name),
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={pinned_memory_limit_mib(memory_bytes, replicas)}M",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(active_thread_percentage(replicas)),
-    }
-
-
-def client_mounts(resource_name: str, gpu_uuid: str, mps_root: str) -> list[api_pb2.Mount]:
-    """Mounts for a container holding an MPS replica of `gpu_uuid`: its daemon's pipe and log, and shm."""
-    return [
-        api_pb2.Mount(
-            container_path=container_pipe_dir(resource_name),
-            host_path=host_pipe_dir(mps_root, resource_name, gpu_uuid),
-        ),
-        api_pb2.Mount(
-            container_path=container_log_dir(resource_name),
-            host_path=host_log_dir(mps_root, resource_name, gpu_uuid),
-            read_only=True,
-        ),
-        api_pb2.Mount(container_path=CONTAINER_SHM_DIR, host_path=host_shm_dir(mps_root)),
-    ]
 
 
 @dataclass(frozen=True)
@@ -205,10 +132,6 @@ class MpsDaemonSupervisor:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
-
-    @property
-    def daemons(self) -> tuple[MpsDaemonSpec, ...]:
-        return tuple(s.spec for s in self._states)
 
     def start(self) -> None:
         if self._simulated:

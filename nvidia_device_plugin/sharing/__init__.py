@@ -1,0 +1,1 @@
+"""Sharing GPUs between containers: time-slicing needs nothing here; MPS needs its contract and daemons."""
