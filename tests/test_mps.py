@@ -234,7 +234,7 @@ def test_simulated_node_starts_nothing_and_says_so_once(
     supervisor = MpsDaemonSupervisor(
         [_mps_plan()], str(tmp_path / "mps"), control_path=fake_control, simulated=True
     )
-    with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.mps"):
+    with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.sharing.mps_daemon"):
         supervisor.start()
         supervisor.stop()
     assert [r.getMessage() for r in caplog.records] == ["MPS control daemon not started: simulated node"]
@@ -246,7 +246,7 @@ def test_a_missing_control_binary_is_reported_and_never_ready(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     supervisor = _supervisor(tmp_path, str(tmp_path / "no-such-binary"), [_mps_plan(replicas=2)])
-    with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.mps"):
+    with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.sharing.mps_daemon"):
         supervisor.start()
         _eventually(
             lambda: any("failed to start" in r.getMessage() for r in caplog.records), "the start failure"
