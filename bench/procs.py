@@ -27,8 +27,8 @@ from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.nvml.backend import open_nvml
-from nvidia_device_plugin.nvml.discovery import discover
-from nvidia_device_plugin.resources import ResourcePlan, build_resources
+from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.snapshot import build_snapshot
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO_ROOT / "bench"
@@ -70,10 +70,9 @@ def expected_plans(node: str, config: str | None) -> tuple[ResourcePlan, ...]:
     cfg = load_config_file(path) if path is not None else Config()
     session = open_nvml(node_path(node))
     try:
-        inventory = discover(session.nv, session.sysfs_root)
+        return build_snapshot(session, cfg).plans
     finally:
         session.close()
-    return build_resources(inventory, cfg)
 
 
 # ---- /proc ------------------------------------------------------------------------------------------

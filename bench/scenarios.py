@@ -40,9 +40,9 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.nvml.backend import open_nvml
-from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.planview import plan_to_json
 from nvidia_device_plugin.resources import build_resources
+from nvidia_device_plugin.snapshot import build_snapshot
 
 GPU = "nvidia.com/gpu"
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -295,8 +295,9 @@ def _health_in_process(order: Sequence[int]) -> list[float]:
 
 def _health_in_process_at(plugin_dir: Path, order: Sequence[int]) -> list[float]:
     with KubeletStandIn(plugin_dir) as kubelet:
+        node = node_path(HEALTH_NODE)
         daemon = Daemon(
-            DaemonOptions(plugin_dir=plugin_dir, load_config=Config, simulate=node_path(HEALTH_NODE))
+            DaemonOptions(plugin_dir=plugin_dir, load_config=Config, open_nvml=lambda: open_nvml(node))
         )
         daemon.start()
         try:
@@ -508,10 +509,10 @@ def _plan_in_process(config_file: Path, runs: int) -> list[float]:
     config = load_config_file(config_file)
     session = open_nvml(node_path(PLAN_NODE))
     try:
-        inventory = discover(session.nv, session.sysfs_root)
+        inventory = build_snapshot(session, config).inventory
     finally:
         session.close()
-    samples = []
+    samples = []  # the resources step alone, timed on the inventory the pipeline discovered once
     for _ in range(runs):
         started = time.perf_counter()
         plans = build_resources(inventory, config)

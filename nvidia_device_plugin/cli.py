@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.config.flags import add_config_arguments, config_source, resolve_config
@@ -18,6 +19,10 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.nvml.backend import NvmlSession
+    from nvidia_device_plugin.nvml.simulator import SimulatedNvml
 
 log = logging.getLogger("nvidia_device_plugin")
 
@@ -122,7 +127,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.command == "demo":
             from nvidia_device_plugin.demo import run_demo
 
-            return run_demo(args.simulate, load_config, sys.stdout, pod_devices=args.pod_devices)
+            open_session, _simulator = nvml_opener(args.simulate)
+            return run_demo(
+                args.simulate, open_session, load_config, sys.stdout, pod_devices=args.pod_devices
+            )
         return _run(args, env, load_config)
     except DevicePluginError as exc:
         log.error("%s", exc)  # logging goes to stderr: the one line an operator reads in `kubectl logs`
@@ -141,51 +149,69 @@ def _check_config(path: str) -> int:
 
 def _plan(args: argparse.Namespace, load_config: Callable[[], Config]) -> int:
     from nvidia_device_plugin.nvml.backend import open_nvml
-    from nvidia_device_plugin.nvml.discovery import discover
     from nvidia_device_plugin.planview import plan_to_json, render_plan_table
-    from nvidia_device_plugin.resources import build_resources
+    from nvidia_device_plugin.snapshot import build_snapshot
 
     config = load_config()
     session = open_nvml(args.simulate)
     try:
-        inventory = discover(session.nv, session.sysfs_root)
+        snapshot = build_snapshot(session, config)
     finally:
         session.close()
-    plans = build_resources(inventory, config)
     if args.output == "json":
-        print(json.dumps(plan_to_json(plans, inventory), indent=2))
+        print(json.dumps(plan_to_json(snapshot.plans, snapshot.inventory), indent=2))
     else:
-        print(render_plan_table(plans, inventory))
+        print(render_plan_table(snapshot.plans, snapshot.inventory))
     return 0
+
+
+def nvml_opener(simulate: str | None) -> tuple[Callable[[], NvmlSession], SimulatedNvml | None]:
+    """How the daemon opens NVML: the real library, or (for --simulate) a simulated node made here, so
+    that the caller can drive the simulator (inject events) while the daemon uses it like real NVML."""
+    from nvidia_device_plugin.nvml.backend import open_nvml
+
+    if not simulate:
+        return open_nvml, None
+    session = open_nvml(simulate)
+    return (lambda: session), session.simulator
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Callable[[], Config]) -> int:
     from nvidia_device_plugin.daemon import Daemon, DaemonOptions
-    from nvidia_device_plugin.metrics import start_metrics
+    from nvidia_device_plugin.nvml.sim_events import SimulatedEventFeeder
 
     source = config_source(args, environ)
 
     def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
         return ConfigWatcher(source, on_change)
 
+    open_session, simulator = nvml_opener(args.simulate)
+    if args.simulate_events and simulator is None:
+        log.warning("--simulate-events %s ignored: it needs --simulate", args.simulate_events)
     daemon = Daemon(
         DaemonOptions(
             plugin_dir=Path(args.device_plugin_path),
             load_config=load_config,
+            open_nvml=open_session,
             watch=watcher if source.watch_paths() else None,
-            simulate=args.simulate,
-            simulate_events=Path(args.simulate_events) if args.simulate_events else None,
             kubelet_socket=args.kubelet_socket,
+            metrics_address=args.metrics_address or "",
         )
+    )
+    feeder = (
+        SimulatedEventFeeder(Path(args.simulate_events), simulator)
+        if simulator is not None and args.simulate_events
+        else None
     )
     # Signals are taken synchronously with sigwait: a Python handler that sets an Event can deadlock
     # when the signal lands while the main thread holds that Event's lock. Blocking them before any
     # thread starts makes every thread inherit the mask, so only sigwait ever sees them.
     handled = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
     signal.pthread_sigmask(signal.SIG_BLOCK, handled)
-    metrics = start_metrics(args.metrics_address, daemon) if args.metrics_address else None
     try:
         daemon.start()
+        if feeder is not None:
+            feeder.start()
         while True:
             signum = signal.sigwait(handled)
             if signum == signal.SIGHUP:
@@ -194,8 +220,8 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Call
             log.info("received %s", signal.Signals(signum).name)
             break
     finally:
+        if feeder is not None:
+            feeder.stop()
         daemon.stop()
-        if metrics is not None:
-            metrics.stop()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
     return 0

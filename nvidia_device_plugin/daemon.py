@@ -1,8 +1,12 @@
-"""The daemon: NVML -> inventory -> resources -> plugin servers, with health and config reload feeding in.
+"""The daemon: owns every thread of the process and wires the snapshot pipeline to the plugin servers.
 
-Lifecycle (one log line each): starting, NVML ready, inventory discovered, serving, config reloaded
-or rejected, stopping, stopped. Reloads and health changes never restart the process: the plugin
-manager diffs the new resource set against what it serves.
+NVML session + config -> build_snapshot -> one plugin server per resource plan; health changes and config
+reloads feed the same path. Lifecycle (one log line each): starting, NVML ready, inventory discovered,
+serving, config reloaded or rejected, stopping, stopped. Reloads and health changes never restart the
+process: the plugin manager diffs the new resource set against what it serves.
+
+The daemon does not know whether NVML is real or simulated beyond `NvmlSession.simulated`: the caller
+hands it a function that opens the session (cli.py and demo.py choose, and drive a simulator themselves).
 """
 
 from __future__ import annotations
@@ -10,10 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.allocation import AllocationSettings
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import Inventory
@@ -22,63 +25,63 @@ from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health import HealthMonitor
 from nvidia_device_plugin.health_state import HealthRegistry
-from nvidia_device_plugin.nvml.backend import NvmlSession, open_nvml
-from nvidia_device_plugin.nvml.discovery import discover
-from nvidia_device_plugin.nvml.sim_events import SimulatedEventFeeder
+from nvidia_device_plugin.metrics import DaemonMetrics
+from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.plugin.manager import ManagerHooks, PluginManager, ResourceSpec
-from nvidia_device_plugin.resources import ResourcePlan, build_resources
+from nvidia_device_plugin.plugin.server import ServerHooks
+from nvidia_device_plugin.probes import ProbeServer
+from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor
+from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
 
 log = logging.getLogger(__name__)
+
+ConfigWatcherFactory = Callable[[Callable[[], None]], ConfigWatcher]
 
 
 @dataclass
 class DaemonOptions:
     plugin_dir: Path
     load_config: Callable[[], Config]  # resolves file + env + flags afresh; raises ConfigError
+    open_nvml: Callable[[], NvmlSession]  # raises NvmlError on a node without a usable driver
     watch: ConfigWatcherFactory | None = None
-    simulate: str | None = None
-    simulate_events: Path | None = None
     kubelet_socket: str = "kubelet.sock"
-    hooks: ManagerHooks = field(default_factory=ManagerHooks.empty)
-
-
-ConfigWatcherFactory = Callable[[Callable[[], None]], ConfigWatcher]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What the daemon serves right now; replaced whole on every reload."""
-
-    config: Config
-    inventory: Inventory
-    plans: tuple[ResourcePlan, ...]
+    metrics_address: str = ""  # host:port of /metrics, /healthz, /readyz; empty: no HTTP server
 
 
 class Daemon:
     def __init__(self, options: DaemonOptions) -> None:
         self.options = options
         self.registry = HealthRegistry()
-        self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, hooks=options.hooks)
+        self.metrics = DaemonMetrics(self)
+        self.manager = PluginManager(
+            options.plugin_dir, options.kubelet_socket, hooks=_manager_hooks(self.metrics)
+        )
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
-        self.reload_listeners: list[Callable[[bool, str], None]] = []  # f(applied, error)
-        self.xid_listeners: list[
-            Callable[[str, int, bool], None]
-        ] = []  # f(gpu_uuid, xid, counted_as_critical)
         self._reload_lock = threading.Lock()
         self._monitor: HealthMonitor | None = None
         self._watcher: ConfigWatcher | None = None
-        self._feeder: SimulatedEventFeeder | None = None
         self._mps: MpsDaemonSupervisor | None = None
         self._mps_plans: list[ResourcePlan] = []
         self._unsubscribe: Callable[[], None] | None = None
+        self._probes = (
+            ProbeServer(options.metrics_address, self.metrics.render, self.liveness, self.readiness)
+            if options.metrics_address
+            else None
+        )
+
+    @property
+    def probes(self) -> ProbeServer | None:
+        return self._probes
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start serving. Raises ConfigError / NvmlError / InventoryError when nothing sane can be served."""
         log.info("starting: device-plugin directory %s", self.options.plugin_dir)
+        if self._probes is not None:
+            self._probes.start()  # first, so the liveness probe answers while discovery runs
         if self.options.watch is not None:
             # Watch before the first load, so an edit landing during start-up is not missed; its
             # reload waits on the lock below until the first snapshot is served.
@@ -90,7 +93,7 @@ class Daemon:
     def _start_serving(self) -> None:
         config = self.options.load_config()
         try:
-            self.nvml = open_nvml(self.options.simulate)
+            self.nvml = self.options.open_nvml()
         except NvmlError as exc:
             if config.flags.fail_on_init_error:
                 raise
@@ -102,21 +105,18 @@ class Daemon:
             )
             self.manager.start()
             return
-        inventory = discover(self.nvml.nv, self.nvml.sysfs_root)
+        snapshot = build_snapshot(self.nvml, config)
+        inventory = snapshot.inventory
         log.info(
             "inventory: %d GPUs (%s), driver %s",
             len(inventory.gpus),
             ", ".join(sorted({g.name for g in inventory.gpus})) or "none",
             inventory.driver_version,
         )
-        snapshot = Snapshot(config, inventory, build_resources(inventory, config))
         self._unsubscribe = self.registry.subscribe(self._on_health_change)
         self.manager.start()
         self._serve(snapshot)
         self._start_health(snapshot)
-        if self.nvml.simulator is not None and self.options.simulate_events is not None:
-            self._feeder = SimulatedEventFeeder(self.options.simulate_events, self.nvml.simulator)
-            self._feeder.start()
 
     def _on_config_file_changed(self) -> None:
         self.reload("config file changed")
@@ -125,8 +125,6 @@ class Daemon:
         log.info("stopping")
         if self._watcher is not None:
             self._watcher.stop()
-        if self._feeder is not None:
-            self._feeder.stop()
         if self._monitor is not None:
             self._monitor.stop()
         if self._mps is not None:
@@ -136,7 +134,27 @@ class Daemon:
             self._unsubscribe()
         if self.nvml is not None:
             self.nvml.close()
+        if self._probes is not None:
+            self._probes.stop()
         log.info("stopped")
+
+    # ---- probes -----------------------------------------------------------------------------
+
+    def liveness(self) -> str | None:
+        """None while the process does its job; else why the liveness probe should restart it."""
+        return None
+
+    def readiness(self) -> str | None:
+        """None when every served resource is registered with kubelet; otherwise what is missing."""
+        manager = self.manager
+        if manager.all_registered():
+            return None
+        served = manager.served()
+        if not served:
+            return "not ready: no resources served yet (no GPUs found, NVML unavailable, or still starting)"
+        return "not ready: waiting for kubelet to register " + ", ".join(
+            sorted(served - manager.registered())
+        )
 
     # ---- reload -----------------------------------------------------------------------------
 
@@ -147,38 +165,33 @@ class Daemon:
             if old is None or self.nvml is None:
                 return False
             try:
-                config = self.options.load_config()
-                inventory = discover(self.nvml.nv, self.nvml.sysfs_root)
-                plans = build_resources(inventory, config)
-            except DevicePluginError as exc:
-                log.error("config reload (%s) rejected, still serving the previous config: %s", reason, exc)
-                self._notify_reload(False, str(exc))
+                snapshot = build_snapshot(self.nvml, self.options.load_config())
+            except Exception as exc:  # whatever went wrong, the last good config keeps serving
+                message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
+                log.error(
+                    "config reload (%s) rejected, still serving the previous config: %s", reason, message
+                )
+                self.metrics.config_reloaded(False, message)
                 return False
-            snapshot = Snapshot(config, inventory, plans)
             self._serve(snapshot)
-            if config.health != old.config.health or inventory != old.inventory:
+            if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
                 self._start_health(snapshot)
             log.info(
                 "config reloaded (%s): %s",
                 reason,
-                ", ".join(f"{p.name} x{len(p.devices)}" for p in plans) or "no resources",
+                ", ".join(f"{p.name} x{len(p.devices)}" for p in snapshot.plans) or "no resources",
             )
-            self._notify_reload(True, "")
+            self.metrics.config_reloaded(True, "")
             return True
-
-    def _notify_reload(self, ok: bool, error: str) -> None:
-        for listener in self.reload_listeners:
-            listener(ok, error)
 
     # ---- internals --------------------------------------------------------------------------
 
     def _serve(self, snapshot: Snapshot) -> None:
-        settings = AllocationSettings.from_config(snapshot.config)
         specs = {
             plan.name: ResourceSpec(
                 plan.name,
                 plan.socket_name,
-                GpuResourceBackend(plan, snapshot.inventory, settings, self.registry),
+                GpuResourceBackend(plan, snapshot.inventory, snapshot.allocation, self.registry),
             )
             for plan in snapshot.plans
         }
@@ -208,16 +221,17 @@ class Daemon:
             self._monitor.stop()
         assert self.nvml is not None
         self._monitor = HealthMonitor(
-            self.nvml.nv, snapshot.inventory, snapshot.config.health, self.registry, on_xid=self._on_xid
+            self.nvml.nv,
+            snapshot.inventory,
+            snapshot.config.health,
+            self.registry,
+            on_xid=self.metrics.xid_seen,
         )
         self._monitor.start()
 
-    def _on_xid(self, gpu_uuid: str, xid: int, critical: bool) -> None:
-        for listener in self.xid_listeners:
-            listener(gpu_uuid, xid, critical)
-
     def _on_health_change(self, change: HealthChange) -> None:
         """The one log line per health change, and an immediate ListAndWatch push where it matters."""
+        self.metrics.health_changed(change)
         snapshot = self.snapshot
         if snapshot is None:
             return
@@ -245,6 +259,17 @@ class Daemon:
             )
         for name in affected:
             self.manager.notify(name)
+
+
+def _manager_hooks(metrics: DaemonMetrics) -> ManagerHooks:
+    return ManagerHooks(
+        on_registered=[metrics.registered],
+        on_kubelet_restart=[metrics.kubelet_restarted],
+        server=ServerHooks(
+            on_allocate=[lambda r, s, e: metrics.call_answered(r, "Allocate", s, e)],
+            on_preferred=[lambda r, s, e: metrics.call_answered(r, "GetPreferredAllocation", s, e)],
+        ),
+    )
 
 
 def _describe_device(inventory: Inventory, uuid: str) -> str:

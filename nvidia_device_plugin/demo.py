@@ -11,15 +11,24 @@ from typing import TextIO
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.nvml.backend import NvmlSession
 
 
-def run_demo(node: str, load_config: Callable[[], Config], out: TextIO, pod_devices: int = 2) -> int:
+def run_demo(
+    node: str,
+    open_nvml: Callable[[], NvmlSession],
+    load_config: Callable[[], Config],
+    out: TextIO,
+    pod_devices: int = 2,
+) -> int:
     # /tmp, not a deep temp dir: unix socket paths must stay under ~108 bytes.
     plugin_dir = Path(tempfile.mkdtemp(prefix="nvdp-demo-", dir="/tmp"))
     daemon: Daemon | None = None
     try:
         with KubeletStandIn(plugin_dir) as kubelet:
-            daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=load_config, simulate=node))
+            daemon = Daemon(
+                DaemonOptions(plugin_dir=plugin_dir, load_config=load_config, open_nvml=open_nvml)
+            )
             daemon.start()
             assert daemon.snapshot is not None
             names = [p.name for p in daemon.snapshot.plans]

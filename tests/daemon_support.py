@@ -4,18 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.nvml.backend import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
 
 GPU = "nvidia.com/gpu"
 
 
+def simulated(node: str) -> Callable[[], NvmlSession]:
+    """What the CLI hands the daemon for --simulate NODE: a function opening a simulated session."""
+    return lambda: open_nvml(node)
+
+
+def simulated_options(
+    plugin_dir: Path, node: str = "dgx-a100", load_config: Callable[[], Config] = Config, **more: Any
+) -> DaemonOptions:
+    return DaemonOptions(plugin_dir=plugin_dir, load_config=load_config, open_nvml=simulated(node), **more)
+
+
 def start_daemon(
-    plugin_dir: Path, node: str = "dgx-a100", load_config: Callable[[], Config] = Config
+    plugin_dir: Path, node: str = "dgx-a100", load_config: Callable[[], Config] = Config, **more: Any
 ) -> Daemon:
-    daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=load_config, simulate=node))
+    daemon = Daemon(simulated_options(plugin_dir, node, load_config, **more))
     daemon.start()
     return daemon
 

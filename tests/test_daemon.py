@@ -17,8 +17,9 @@ from nvidia_device_plugin.config.v1 import Health as HealthConfig
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
 from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.nvml.backend import open_nvml
 
-from daemon_support import GPU, gpu_uuids, simulator, start_daemon
+from daemon_support import GPU, gpu_uuids, simulated_options, simulator, start_daemon
 
 
 def test_advertises_every_gpu_with_numa(daemon: Daemon, kubelet: KubeletStandIn) -> None:
@@ -99,9 +100,7 @@ def test_reload_applies_new_replicas_without_restart(plugin_dir: Path, kubelet: 
     from nvidia_device_plugin.config.v1 import ReplicatedResource, ReplicatedResources, Sharing
 
     configs = [Config()]
-    daemon = Daemon(
-        DaemonOptions(plugin_dir=plugin_dir, load_config=lambda: configs[-1], simulate="dgx-a100")
-    )
+    daemon = Daemon(simulated_options(plugin_dir, load_config=lambda: configs[-1]))
     daemon.start()
     try:
         assert kubelet.wait_for_resources([GPU])
@@ -124,7 +123,7 @@ def test_invalid_reload_keeps_serving_last_good_config(plugin_dir: Path, kubelet
             raise ConfigError("flags.migStrategy must be one of none, single, mixed, got 'mix'")
         return state["config"]
 
-    daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=load, simulate="dgx-a100"))
+    daemon = Daemon(simulated_options(plugin_dir, load_config=load))
     daemon.start()
     try:
         assert kubelet.wait_for_resources([GPU])
@@ -155,13 +154,15 @@ def test_mig_mixed_serves_one_resource_per_profile(plugin_dir: Path, kubelet: Ku
 
 
 def test_missing_driver_fails_or_idles_per_fail_on_init_error(plugin_dir: Path) -> None:
-    daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=Config))
+    daemon = Daemon(DaemonOptions(plugin_dir=plugin_dir, load_config=Config, open_nvml=open_nvml))
     with pytest.raises(NvmlError, match="NVIDIA driver library not found"):
         daemon.start()
     daemon.stop()
     idle = Daemon(
         DaemonOptions(
-            plugin_dir=plugin_dir, load_config=lambda: Config(flags=Flags(fail_on_init_error=False))
+            plugin_dir=plugin_dir,
+            load_config=lambda: Config(flags=Flags(fail_on_init_error=False)),
+            open_nvml=open_nvml,
         )
     )
     idle.start()
@@ -268,11 +269,10 @@ def test_configmap_swap_reloads_live_and_bad_edits_keep_last_good(
     configmap_dir(mount, shared % 2, 1)
     source = ConfigSource.from_file(mount / "config.yaml")
     daemon = Daemon(
-        DaemonOptions(
-            plugin_dir=plugin_dir,
+        simulated_options(
+            plugin_dir,
             load_config=lambda: source.load({}),
             watch=lambda on_change: ConfigWatcher(source, on_change),
-            simulate="dgx-a100",
         )
     )
     daemon.start()
@@ -280,15 +280,20 @@ def test_configmap_swap_reloads_live_and_bad_edits_keep_last_good(
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16)
         configmap_dir(mount, shared % 5, 2)
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 40, timeout=5)
-        rejected = threading.Event()
-        daemon.reload_listeners.append(lambda ok, error: rejected.set() if not ok else None)
         configmap_dir(mount, shared % 0, 3)  # invalid: replicas must be >= 1
-        assert rejected.wait(5)
+        assert kubelet.wait_for(lambda: reloads(daemon, "rejected") == 1, timeout=5)
         assert len(kubelet.devices(GPU)) == 40
         configmap_dir(mount, "version: v1\n", 4)  # back to whole GPUs
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=5)
     finally:
         daemon.stop()
+
+
+def reloads(daemon: Daemon, result: str) -> float:
+    value = daemon.metrics.registry.get_sample_value(
+        "nvidia_device_plugin_config_reloads_total", {"result": result}
+    )
+    return value or 0.0
 
 
 def test_reload_replaces_renamed_resource_servers_and_sockets(
