@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import grpc
@@ -65,21 +64,6 @@ def test_preferred_allocation_over_the_wire(daemon: Daemon, kubelet: KubeletStan
     chosen = kubelet.preferred(GPU, uuids, [uuids[5]], 4)
     assert len(chosen) == 4 and uuids[5] in chosen
     assert set(chosen) <= set(uuids)
-
-
-def test_kubelet_restart_twenty_times(daemon: Daemon, kubelet: KubeletStandIn) -> None:
-    kubelet.restart()
-    assert kubelet.wait_for_resources([GPU])
-    threads_before = threading.active_count()
-    fds_before = len(os.listdir("/proc/self/fd"))
-    uuid = gpu_uuids(daemon)[0]
-    for _ in range(20):
-        kubelet.restart()
-        assert kubelet.wait_for_resources([GPU], timeout=5)
-        assert kubelet.allocate(GPU, [[uuid]]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuid
-    assert kubelet.wait_for(daemon.manager.all_registered)
-    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=5)
-    assert len(os.listdir("/proc/self/fd")) <= fds_before + 8
 
 
 def test_starts_before_kubelet(plugin_dir: Path) -> None:

@@ -7,7 +7,7 @@ import json
 from nvidia_device_plugin.planview import plan_to_json, render_plan_table
 from nvidia_device_plugin.resources import build_resources, replica_id
 
-from test_resources import (
+from inventories import (
     A100,
     GIB,
     GPU,
