@@ -138,8 +138,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def _check_config(path: str) -> int:
+    from nvidia_device_plugin.snapshot import check_config_device_lists
+
     try:
-        load_config_file(path)
+        check_config_device_lists(load_config_file(path))
     except DevicePluginError as exc:
         print(f"{exc}", file=sys.stderr)
         return 1
