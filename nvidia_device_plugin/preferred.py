@@ -36,19 +36,22 @@ Whole GPUs: the best-connected set
       * 3 GPUs, all free: {0, 1, 2}. {0, 1, 2} and {0, 2, 3} both hold one NVLink pair and span two
         nodes, so the lower indices decide.
 
-Replicas (time-slicing, MPS): spread over GPUs, but keep one request on as few GPUs as possible
-    The load of a GPU is the number of its replicas already handed out: `allocated_counts[uuid]` when
-    the caller knows it, otherwise its replicas missing from `available`. The `must_include` replicas
-    are taken first. For the k replicas still needed:
-      1. if a GPU that `must_include` already uses has k free replicas, take them from it (the
-         least-loaded such GPU);
-      2. else if any GPU has k free replicas, take them from the least-loaded such GPU;
-      3. else take every free replica of one GPU after another. The GPUs `must_include` uses come
-         first, then the least-loaded (ties: the most free replicas, then the lowest index).
-    Ties in 1 and 2 go to the lowest GPU index, and within a GPU the lowest replica numbers are taken.
-    Example, 2 GPUs x 4 replicas, GPU 0 with 1 replica out and GPU 1 with 3 out: a request for 1 or 2
-    replicas is served by GPU 0 alone (load 1 against 3; GPU 0 has 3 free). A request for 4 fits on no
-    single GPU: it gets GPU 0's 3 free replicas and GPU 1's last one.
+Replicas (time-slicing, MPS): NVIDIA's sharedDevicesAllocationPolicy, topology-aware within it
+    The `must_include` replicas are taken first; the rest are picked one at a time, as NVIDIA v0.20
+    picks them. The allocated count of a GPU is `allocated_counts[uuid]` when the caller knows it,
+    otherwise its replicas that are not free candidates (the `must_include` ones count as allocated,
+    as in NVIDIA). Each pick takes the lowest free replica of the GPU that ranks first on:
+      `distributed` (NVIDIA's default): 1. the fewest allocated replicas; 2. the fewest replicas taken
+        by this request so far. A request spreads over distinct GPUs, least-loaded first.
+      `packed`: 1. the most allocated replicas; 2. the fewest taken by this request. A request fills
+        the busiest GPU that still has room before it opens another, keeping other GPUs free.
+    Where NVIDIA leaves the order to Go's map iteration (random), ties go on to: 3. the most NVLink
+    lanes, then 4. the highest PCIe closeness (as for whole GPUs; a replica of a GPU the request already
+    holds counts as closest) to the GPUs the request already holds; 5. the lowest GPU index.
+    Example, dgx-a100 time-sliced 4 ways, nothing allocated: a request for 8 gets one replica of each
+    of the 8 GPUs under `distributed` (NVIDIA's answer); a request for 2 gets GPUs 0 and 1 (same PCIe
+    switch). Under `packed` a request for 2 gets two replicas of GPU 0, and the next request for 2
+    gets GPU 0's other two.
 
 MIG devices: one GPU per request where possible, best fit
     The `must_include` devices are taken first. For the k devices still needed:
@@ -65,10 +68,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from nvidia_device_plugin.devices import Inventory, PcieLevel
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+
+SharedAllocationPolicy = Literal["distributed", "packed"]
+_SAME_GPU_CLOSENESS = 6  # two replicas of one GPU are closer than any two GPUs (same board is 5)
 
 _GroupKey = Callable[[AdvertisedDevice], str]
 _WithinKey = Callable[[AdvertisedDevice], int]
@@ -82,11 +89,13 @@ def preferred_allocation(
     must_include: Sequence[str],
     size: int,
     allocated_counts: Mapping[str, int] | None = None,
+    policy: SharedAllocationPolicy = "distributed",
 ) -> list[str]:
     """The `size` device IDs of `plan` to allocate, chosen from `available` by the policy above.
 
-    `allocated_counts` maps a physical UUID to how many of its replicas are handed out now; it matters
-    only for replicas. The IDs come back in the plan's order.
+    `allocated_counts` maps a physical UUID to how many of its replicas are handed out now, and `policy`
+    is `flags.plugin.sharedDevicesAllocationPolicy`; both matter only for replicas. The IDs come back in
+    the plan's order.
     """
     position = {d.id: n for n, d in enumerate(plan.devices)}
     available = list(dict.fromkeys(available))
@@ -115,7 +124,7 @@ def preferred_allocation(
     devices = [plan.devices[n] for n in sorted(position[i] for i in available)]
     required = [plan.devices[n] for n in sorted(position[i] for i in must_include)]
     if any(d.replica is not None for d in devices):
-        chosen = _spread_replicas(plan, devices, required, size, allocated_counts)
+        chosen = _replicas_by_policy(plan, inventory, devices, required, size, allocated_counts, policy)
     elif any(d.kind == "mig" for d in devices):
         chosen = _pack_mig(devices, required, size)
     else:
@@ -293,35 +302,60 @@ def _group_order(dev: AdvertisedDevice) -> tuple[int, int]:
     return (dev.gpu_index, -1 if dev.mig_index is None else dev.mig_index)
 
 
-def _spread_replicas(
+def _replicas_by_policy(
     plan: ResourcePlan,
+    inventory: Inventory,
     devices: list[AdvertisedDevice],
     required: list[AdvertisedDevice],
     size: int,
     allocated_counts: Mapping[str, int] | None,
+    policy: SharedAllocationPolicy,
 ) -> list[AdvertisedDevice]:
     free = _free_by_group(devices, required, key=lambda d: d.physical_uuid, within=lambda d: d.replica or 0)
     if allocated_counts is None:
-        offered: dict[str, int] = {}
-        for dev in devices:
-            offered[dev.physical_uuid] = offered.get(dev.physical_uuid, 0) + 1
         total: dict[str, int] = {}
         for dev in plan.devices:
             total[dev.physical_uuid] = total.get(dev.physical_uuid, 0) + 1
-        load = {uuid: total[uuid] - offered[uuid] for uuid in free}
+        # As NVIDIA counts it: every replica that is not a free candidate is allocated, so the
+        # must_include replicas count as allocated on their GPU.
+        load = {uuid: total[uuid] - len(group) for uuid, group in free.items()}
     else:
         load = {uuid: allocated_counts.get(uuid, 0) for uuid in free}
-    order: dict[str, tuple[int, int]] = {}
-    for dev in devices:
-        order.setdefault(dev.physical_uuid, _group_order(dev))
-    return _fill(
-        free,
-        required,
-        size,
-        key=lambda d: d.physical_uuid,
-        fit_rank=lambda uuid: (load[uuid], *order[uuid]),
-        fill_rank=lambda uuid: (load[uuid], -len(free[uuid]), *order[uuid]),
-    )
+    gpu_of = {d.physical_uuid: d.gpu_index for d in devices}
+    order = {d.physical_uuid: _group_order(d) for d in reversed(devices)}
+    picked: dict[str, int] = {}
+    for dev in required:
+        picked[dev.physical_uuid] = picked.get(dev.physical_uuid, 0) + 1
+    chosen = list(required)
+    sign = 1 if policy == "distributed" else -1
+    for _ in range(size - len(required)):
+        held = {d.gpu_index for d in chosen}
+        ranked = []
+        for uuid, group in free.items():
+            if group:
+                lanes, closeness = _affinity(inventory, gpu_of[uuid], held)
+                ranked.append(
+                    ((sign * load[uuid], picked.get(uuid, 0), -lanes, -closeness, *order[uuid]), uuid)
+                )
+        best = min(ranked)[1]
+        chosen.append(free[best].pop(0))
+        load[best] += 1
+        picked[best] = picked.get(best, 0) + 1
+    return chosen
+
+
+def _affinity(inventory: Inventory, gpu: int, chosen: set[int]) -> tuple[int, int]:
+    """NVLink lanes and PCIe closeness from `gpu` to the GPUs a request already holds (same GPU: closest)."""
+    lanes = closeness = 0
+    for other in chosen:
+        if other == gpu:
+            closeness += _SAME_GPU_CLOSENESS
+            continue
+        link = inventory.link(gpu, other)
+        if link is not None:
+            lanes += link.nvlinks
+            closeness += pcie_closeness(link.pcie)
+    return lanes, closeness
 
 
 def _pack_mig(

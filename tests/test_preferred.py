@@ -144,7 +144,7 @@ def test_sixteen_gpus_choosing_eight_finds_the_nvlink_island() -> None:
 # Replicas
 
 
-def test_replicas_go_to_the_least_loaded_gpu_that_fits() -> None:
+def test_replicas_go_to_the_least_allocated_gpu() -> None:
     plan = _replica_plan(gpus=2, replicas=4)
     # GPU 0 has replica 0 out (load 1), GPU 1 has replicas 0-2 out (load 3).
     available = [replica_id(_uuid(0), r) for r in (1, 2, 3)] + [replica_id(_uuid(1), 3)]
@@ -165,27 +165,59 @@ def test_replicas_spread_by_the_given_counts_when_known() -> None:
     ]
 
 
-def test_replicas_stay_on_one_gpu_when_one_can_take_the_request() -> None:
+def _gpus_of(ids: list[str]) -> list[int]:
+    return [int(i.split("::")[0].removeprefix("GPU-")) for i in ids]
+
+
+def test_distributed_spreads_one_request_over_distinct_gpus_as_nvidia_does() -> None:
+    # NVIDIA's default: a pod asking for 8 time-sliced GPUs on a DGX A100 gets 8 physical GPUs.
+    plan = _replica_plan(gpus=8, replicas=4)
+    available = [d.id for d in plan.devices]
+    result = preferred_allocation(plan, _dgx_a100(), available, [], 8)
+    assert sorted(_gpus_of(result)) == list(range(8))
+    # 4 replicas: 4 distinct GPUs, the ones one NUMA node holds (topology breaks NVIDIA's random tie).
+    assert sorted(_gpus_of(preferred_allocation(plan, _dgx_a100(), available, [], 4))) == [0, 1, 2, 3]
+    # 2 replicas: GPUs 0 and 1, which share a PCIe switch.
+    assert sorted(_gpus_of(preferred_allocation(plan, _dgx_a100(), available, [], 2))) == [0, 1]
+
+
+def test_distributed_goes_to_the_least_allocated_gpus_first() -> None:
     plan = _replica_plan(gpus=3, replicas=4)
-    available = [d.id for d in plan.devices if d.gpu_index != 0 or d.replica == 3]  # GPU 0: one free
+    available = [d.id for d in plan.devices if d.gpu_index != 0 or d.replica == 3]  # GPU 0: 3 out
     result = preferred_allocation(plan, _inventory([0] * 3, {}), available, [], 3)
-    assert result == [replica_id(_uuid(1), r) for r in range(3)]
+    # GPUs 1 and 2 (0 allocated) first, one each; then they have 1 each against GPU 0's 3.
+    assert _gpus_of(result) == [1, 1, 2]
 
 
-def test_replicas_follow_must_include_onto_its_gpu() -> None:
+def test_distributed_counts_must_include_as_allocated_on_its_gpu() -> None:
     plan = _replica_plan(gpus=2, replicas=4)
     available = [d.id for d in plan.devices]
     must = [replica_id(_uuid(1), 2)]
     result = preferred_allocation(plan, _inventory([0, 0], {}), available, must, 3)
-    assert result == [replica_id(_uuid(1), r) for r in (0, 1, 2)]
+    # GPU 1 holds the required replica (1 allocated), so GPU 0 (0) goes first, then they tie on 1 and
+    # GPU 1 has given this request more already: GPU 0 again.
+    assert result == [replica_id(_uuid(0), 0), replica_id(_uuid(0), 1), replica_id(_uuid(1), 2)]
 
 
-def test_replicas_that_fit_nowhere_fill_the_least_loaded_gpus_first() -> None:
-    plan = _replica_plan(gpus=3, replicas=2)
-    available = [d.id for d in plan.devices if d.id != replica_id(_uuid(0), 0)]
-    result = preferred_allocation(plan, _inventory([0] * 3, {}), available, [], 3)
-    # GPUs 1 and 2 have load 0; GPU 1 comes first by index and gives both its replicas.
-    assert result == [replica_id(_uuid(1), 0), replica_id(_uuid(1), 1), replica_id(_uuid(2), 0)]
+def test_packed_fills_the_busiest_gpu_that_has_room_first() -> None:
+    plan = _replica_plan(gpus=3, replicas=4)
+    inventory = _inventory([0] * 3, {})
+    everything = [d.id for d in plan.devices]
+    first = preferred_allocation(plan, inventory, everything, [], 2, policy="packed")
+    assert first == [replica_id(_uuid(0), 0), replica_id(_uuid(0), 1)]
+    rest = [i for i in everything if i not in first]
+    second = preferred_allocation(plan, inventory, rest, [], 3, policy="packed")
+    # GPU 0 (2 allocated) is filled before GPU 1 is opened.
+    assert second == [replica_id(_uuid(0), 2), replica_id(_uuid(0), 3), replica_id(_uuid(1), 0)]
+
+
+def test_packed_prefers_a_gpu_near_the_ones_the_request_holds_on_a_tie() -> None:
+    plan = _replica_plan(gpus=8, replicas=1)
+    available = [d.id for d in plan.devices if d.gpu_index not in (0, 1)]
+    must = [replica_id(_uuid(5), 0)]
+    # One replica per GPU: every GPU ties on allocated count; GPU 4 shares GPU 5's PCIe switch.
+    result = preferred_allocation(plan, _dgx_a100(), available, must, 2, policy="packed")
+    assert sorted(_gpus_of(result)) == [4, 5]
 
 
 # ----------------------------------------------------------------------------------------------------
