@@ -18,10 +18,10 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
-from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.events import Events, HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
-from nvidia_device_plugin.health import HealthMonitor
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.monitor import HealthMonitor
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.mps import MpsDaemonSupervisor
 from nvidia_device_plugin.nvml.backend import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.discovery import discover
@@ -208,7 +208,11 @@ class Daemon:
             self._monitor.stop()
         assert self.nvml is not None
         self._monitor = HealthMonitor(
-            self.nvml.nv, snapshot.inventory, snapshot.config.health, self.registry, on_xid=self._on_xid
+            self.nvml.nv,
+            snapshot.inventory,
+            snapshot.config.health,
+            self.registry,
+            events=_ForwardXids(self._on_xid),
         )
         self._monitor.start()
 
@@ -255,3 +259,13 @@ def _describe_device(inventory: Inventory, uuid: str) -> str:
             if mig.uuid == uuid:
                 return f"MIG device {gpu.index}:{mig.index}"
     return "device"
+
+
+class _ForwardXids(Events):
+    """Hands the monitor's XIDs to Daemon.xid_listeners (until the daemon is given one Events itself)."""
+
+    def __init__(self, forward: Callable[[str, int, bool], None]) -> None:
+        self._forward = forward
+
+    def xid_seen(self, gpu_uuid: str, xid: int, critical: bool) -> None:
+        self._forward(gpu_uuid, xid, critical)

@@ -32,7 +32,7 @@ from nvidia_device_plugin import __version__
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import ConfigError, DevicePluginError
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.plugin.manager import PluginManager
 from nvidia_device_plugin.resources import ResourcePlan
 

@@ -13,21 +13,32 @@ import pytest
 
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health, Recovery
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
-from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health import (
-    NOT_ATTRIBUTED,
-    REASON_DOUBLE_BIT_ECC,
-    REASON_LOST,
-    HealthMonitor,
-    attribute_xid,
-    xid_reason,
-)
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.events import Events, HealthChange
+from nvidia_device_plugin.health.monitor import HealthMonitor
+from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST, attribute_xid, xid_reason
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.node import load_node, parse_node
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
 
-HEALTH_LOG = "nvidia_device_plugin.health"
+HEALTH_LOG = "nvidia_device_plugin.health"  # the package; the monitor logs as .health.monitor
+
+
+class RecordingEvents(Events):
+    """The typed events interface, recording every XID the monitor reports (its one boundary to metrics)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.xids: list[tuple[str, int, bool]] = []
+
+    def xid_seen(self, gpu_uuid: str, xid: int, critical: bool) -> None:
+        with self._lock:
+            self.xids.append((gpu_uuid, xid, critical))
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.xids)
 
 
 class FakeClock:
@@ -55,6 +66,7 @@ class Node:
     inventory: Inventory
     registry: HealthRegistry = field(default_factory=HealthRegistry)
     changes: list[HealthChange] = field(default_factory=list)
+    events: RecordingEvents = field(default_factory=RecordingEvents)
     monitors: list[HealthMonitor] = field(default_factory=list)
 
     def gpu(self, index: int) -> Gpu:
@@ -63,6 +75,7 @@ class Node:
     def monitor(self, policy: Health | None = None, **kwargs: Any) -> HealthMonitor:
         kwargs.setdefault("wait_timeout_ms", 20)
         kwargs.setdefault("poll_interval_s", 0.05)
+        kwargs.setdefault("events", self.events)
         monitor = HealthMonitor(self.sim, self.inventory, policy or Health(), self.registry, **kwargs)
         self.monitors.append(monitor)
         monitor.start()
@@ -77,9 +90,9 @@ class Node:
     def settle(self, monitor: HealthMonitor, marker_gpu: int) -> None:
         """Make sure the loop has run a whole step since now: two ignored XIDs (13) handled in turn."""
         for _ in range(2):
-            target = monitor.processed_events + 1
+            target = self.events.count + 1
             self.sim.inject_xid(marker_gpu, 13)
-            wait_for(lambda: monitor.processed_events >= target, "the marker event")  # noqa: B023
+            wait_for(lambda: self.events.count >= target, "the marker event")  # noqa: B023
 
 
 def make_node(spec: Any) -> Iterator[Node]:
@@ -124,7 +137,11 @@ def health_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 
 def lines(caplog: pytest.LogCaptureFixture, containing: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == HEALTH_LOG and containing in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith(HEALTH_LOG + ".") and containing in r.getMessage()
+    ]
 
 
 # ---- pure policy ------------------------------------------------------------------------------------
@@ -160,12 +177,26 @@ def mig_gpu() -> Gpu:
 def test_xid_attribution_to_mig_devices() -> None:
     gpu = mig_gpu()
     assert attribute_xid(gpu, 2, 1) == ["MIG-2"]
-    assert attribute_xid(gpu, 2, NOT_ATTRIBUTED) == ["MIG-1", "MIG-2"]  # the whole GPU instance
-    assert attribute_xid(gpu, NOT_ATTRIBUTED, NOT_ATTRIBUTED) == ["GPU-x"]
+    assert attribute_xid(gpu, 2, None) == ["MIG-1", "MIG-2"]  # the whole GPU instance
+    assert attribute_xid(gpu, None, None) == ["GPU-x"]
     assert attribute_xid(gpu, 7, 0) == ["GPU-x"]  # no such instance
     assert attribute_xid(gpu, 1, 5) == ["GPU-x"]
     whole = Gpu(**{**gpu.__dict__, "mig_enabled": False, "mig_devices": ()})
     assert attribute_xid(whole, 1, 0) == ["GPU-x"]
+
+
+def test_every_xid_seen_reaches_the_events_interface(dgx: Node) -> None:
+    dgx.monitor()
+    dgx.sim.inject_xid(4, 79)  # critical under the default policy
+    dgx.sim.inject_xid(5, 13)  # ignored by default
+    dgx.sim.inject_ecc_double_bit(6)  # not an XID: not reported as one
+    dgx.sim.inject_xid(7, 48)
+    wait_for(lambda: dgx.events.count >= 3, "the XIDs to be reported")
+    assert dgx.events.xids == [
+        (dgx.gpu(4).uuid, 79, True),
+        (dgx.gpu(5).uuid, 13, False),
+        (dgx.gpu(7).uuid, 48, True),
+    ]
 
 
 def test_xid_reason_names_well_known_xids() -> None:
@@ -491,7 +522,7 @@ def test_an_event_storm_is_handled_in_bounded_memory_and_ends_in_the_right_state
             dgx.sim.inject_xid(n % 8, (13, 31, 43)[n % 3])
         dgx.sim.inject_xid(2, 79)
         dgx.sim.inject_xid(7, 48)
-        wait_for(lambda: monitor.processed_events >= 10_000, "the storm to be processed", cap_s=60)
+        wait_for(lambda: dgx.events.count >= 10_000, "the storm to be processed", cap_s=60)
         dgx.settle(monitor, marker_gpu=0)
         held = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(True, "*nvidia_device_plugin/health*.py")]
@@ -509,10 +540,10 @@ def test_ignored_xid_storm_is_summed_up_once_per_window(
     dgx: Node, health_log: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
-    monitor = dgx.monitor(poll_interval_s=1e6, clock=clock)
+    dgx.monitor(poll_interval_s=1e6, clock=clock)
     for _ in range(500):
         dgx.sim.inject_xid(1, 31)
-    wait_for(lambda: monitor.processed_events >= 500, "the ignored XIDs")
+    wait_for(lambda: dgx.events.count >= 500, "the ignored XIDs")
     clock.advance(61)
     wait_for(lambda: lines(health_log, "more non-critical") != [], "the summary line")
     summary = lines(health_log, "more non-critical")
@@ -524,10 +555,10 @@ def test_many_distinct_ignored_xids_keep_the_summary_bounded(
     dgx: Node, health_log: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
-    monitor = dgx.monitor(Health(critical_xids=frozenset({79})), poll_interval_s=1e6, clock=clock)
+    dgx.monitor(Health(critical_xids=frozenset({79})), poll_interval_s=1e6, clock=clock)
     for xid in range(1000, 1101):
         dgx.sim.inject_xid(0, xid)
-    wait_for(lambda: monitor.processed_events >= 101, "the ignored XIDs")
+    wait_for(lambda: dgx.events.count >= 101, "the ignored XIDs")
     clock.advance(61)
     wait_for(lambda: lines(health_log, "more non-critical") != [], "the summary line")
     (summary,) = lines(health_log, "more non-critical")
@@ -536,7 +567,8 @@ def test_many_distinct_ignored_xids_keep_the_summary_bounded(
 
 
 def test_stop_returns_promptly_and_leaves_no_thread(dgx: Node) -> None:
-    monitor = dgx.monitor(wait_timeout_ms=50)
+    # An hour-long wait: stop() returns only because it interrupts the (simulated) wait, not by a timeout.
+    monitor = dgx.monitor(wait_timeout_ms=3_600_000)
     assert [t for t in threading.enumerate() if t.name == "nvml-health"]
     monitor.stop()
     assert not [t for t in threading.enumerate() if t.name == "nvml-health"]

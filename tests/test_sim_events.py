@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.config.v1 import Health
-from nvidia_device_plugin.health import REASON_LOST, HealthMonitor
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.monitor import HealthMonitor
+from nvidia_device_plugin.health.policy import REASON_LOST
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.node import load_node
 from nvidia_device_plugin.nvml.sim_events import MalformedEvent, SimEvent, SimulatedEventFeeder, parse_event

@@ -3,7 +3,7 @@ from __future__ import annotations
 import threading
 
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.resources import ResourcePlan, replica_id
 
 from builders import gpu_device, mig_device
