@@ -225,7 +225,7 @@ def sim() -> Iterator[SimulatedNvml]:
 
 
 def test_events_from_the_file_reach_the_health_registry(events: Path, sim: SimulatedNvml) -> None:
-    inventory = discover(sim, sim.materialize_sysfs())
+    inventory = discover(sim, sim.materialize_host().sysfs_root)
     registry = HealthRegistry()
     monitor = HealthMonitor(sim, inventory, Health(), registry, wait_timeout_ms=20, poll_interval_s=0.01)
     feeder = SimulatedEventFeeder(events, sim, poll_interval_s=0.01)

@@ -242,7 +242,7 @@ def test_nvml_failure_during_discovery_names_the_call() -> None:
     sim.nvmlInit()
     sim.fail_next("nvmlDeviceGetUUID", pynvml.NVML_ERROR_GPU_IS_LOST)
     with pytest.raises(NvmlError, match=r"reading GPU 0: GPU is lost"):
-        discover(sim, sim.materialize_sysfs())
+        discover(sim, sim.materialize_host().sysfs_root)
     sim.close()
 
 

@@ -145,10 +145,6 @@ class SimulatedNvml:
                 self._host = materialize_host(self.node, Path(self._host_dir.name))
             return self._host
 
-    def materialize_sysfs(self) -> Path:
-        """The sysfs root of materialize_host(), for discovery."""
-        return self.materialize_host().sysfs_root
-
     def close(self) -> None:
         with self._lock:
             if self._host_dir is not None:
