@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import posixpath
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,8 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.config.v1 import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES, Config
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError, ConfigError
+from nvidia_device_plugin.health.registry import DeviceHealth, UnhealthyIds
+from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
 from nvidia_device_plugin.sharing import mps
 
@@ -62,9 +64,7 @@ class AllocationSettings:
     device_list_strategy: tuple[str, ...] = ("envvar",)
     device_id_strategy: str = "uuid"
     pass_device_specs: bool = False
-    nvidia_driver_root: str = "/"  # carried for CDI spec generation; device specs use nvidia_dev_root
     nvidia_dev_root: str = "/"
-    container_driver_root: str = "/driver-root"  # carried for CDI spec generation
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     mps_root: str = "/run/nvidia/mps"
     gdrcopy_enabled: bool = False
@@ -92,20 +92,21 @@ class AllocationSettings:
             )
 
     @classmethod
-    def from_config(cls, config: Config) -> AllocationSettings:
+    def from_config(cls, config: Config, host: HostPaths = REAL_HOST) -> AllocationSettings:
+        """The settings `config` asks for, reading the node's kernel interfaces under `host`."""
         flags = config.flags
         return cls(
             device_list_strategy=tuple(flags.plugin.device_list_strategy),
             device_id_strategy=flags.plugin.device_id_strategy,
             pass_device_specs=flags.plugin.pass_device_specs,
-            nvidia_driver_root=flags.nvidia_driver_root,
             nvidia_dev_root=flags.nvidia_dev_root,
-            container_driver_root=flags.plugin.container_driver_root,
             cdi_annotation_prefix=flags.plugin.cdi_annotation_prefix,
             mps_root=flags.mps_root,
             gdrcopy_enabled=flags.gdrcopy_enabled,
             gds_enabled=flags.gds_enabled,
             mofed_enabled=flags.mofed_enabled,
+            proc_root=str(host.proc_root),
+            device_node_probe_root=str(host.dev_root),
         )
 
     @property
@@ -146,17 +147,18 @@ def allocate(
     plan: ResourcePlan,
     requests: Sequence[Sequence[str]],
     settings: AllocationSettings,
-    unhealthy: Collection[str] = (),
+    unhealthy: DeviceHealth | Container[str] = (),
     *,
     inventory: Inventory | None = None,
     index: AllocationIndex | None = None,
 ) -> api_pb2.AllocateResponse:
     """Check and answer kubelet's AllocateRequest (one device-ID list per container) for `plan`.
 
-    `unhealthy` holds the devices that are unhealthy now. Advertised IDs, physical UUIDs and GPU UUIDs
-    are all accepted: a GPU that is down takes its replicas and MIG devices with it. `inventory` is
-    needed only for passDeviceSpecs (GPU minor numbers, MIG instance IDs). Pass a prebuilt `index` for
-    the plan to skip rebuilding it (its inventory is then the one used).
+    `unhealthy` answers which devices are unhealthy now: a DeviceHealth (the health registry), or the
+    advertised IDs / physical UUIDs that are down (a GPU that is down takes its replicas and MIG devices
+    with it: health.registry decides that). `inventory` is needed only for passDeviceSpecs (GPU minor
+    numbers, MIG instance IDs). Pass a prebuilt `index` for the plan to skip rebuilding it (its
+    inventory is then the one used).
     """
     if index is None:
         index = AllocationIndex(plan, inventory)
@@ -164,19 +166,22 @@ def allocate(
         raise ValueError(
             f"the AllocationIndex passed to allocate() was built for {index.plan.name}, not {plan.name}"
         )
-    # A list is frozen for O(1) lookups; a set, or a lazy view that answers `in` itself, is used as is.
-    down: Collection[str] = frozenset(unhealthy) if isinstance(unhealthy, Sequence) else unhealthy
+    # The registry answers for itself; a plain collection of physical UUIDs is frozen for O(1) lookups.
+    if isinstance(unhealthy, DeviceHealth):
+        health = unhealthy
+    else:
+        health = UnhealthyIds(frozenset(unhealthy) if isinstance(unhealthy, Sequence) else unhealthy)
     return api_pb2.AllocateResponse(
         container_responses=[
-            _container_response(i, list(ids), index, settings, down) for i, ids in enumerate(requests)
+            _container_response(i, list(ids), index, settings, health) for i, ids in enumerate(requests)
         ]
     )
 
 
 def _container_response(
-    i: int, ids: list[str], index: AllocationIndex, settings: AllocationSettings, down: Collection[str]
+    i: int, ids: list[str], index: AllocationIndex, settings: AllocationSettings, health: DeviceHealth
 ) -> api_pb2.ContainerAllocateResponse:
-    devices = _checked_devices(i, ids, index, down)
+    devices = _checked_devices(i, ids, index, health)
     plan = index.plan
     physical = _physical_devices(devices)
     runtime_ids = [d.physical_uuid if settings.device_id_strategy == "uuid" else d.index_id for d in physical]
@@ -227,7 +232,7 @@ def _container_response(
 
 
 def _checked_devices(
-    i: int, ids: list[str], index: AllocationIndex, down: Collection[str]
+    i: int, ids: list[str], index: AllocationIndex, health: DeviceHealth
 ) -> list[AdvertisedDevice]:
     plan = index.plan
     where = f"container_requests[{i}]"
@@ -247,7 +252,7 @@ def _checked_devices(
         if device_id in seen:
             raise AllocationError(f"{where}: device ID '{device_id}' is requested more than once")
         seen.add(device_id)
-        if device_id in down or dev.physical_uuid in down or dev.gpu_uuid in down:
+        if not health.is_healthy(dev):
             raise AllocationError(f"{where}: device '{device_id}' is unhealthy")
         devices.append(dev)
     # NVIDIA refuses multi-device requests for MPS replicas always, and for time-slicing replicas

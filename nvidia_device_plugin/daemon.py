@@ -19,12 +19,12 @@ from pathlib import Path
 
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
-from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.devices import describe
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
-from nvidia_device_plugin.health import HealthMonitor
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.monitor import HealthMonitor
+from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies
 from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.plugin.manager import ManagerHooks, PluginManager, ResourceSpec
@@ -225,7 +225,7 @@ class Daemon:
             snapshot.inventory,
             snapshot.config.health,
             self.registry,
-            on_xid=self.metrics.xid_seen,
+            events=self.metrics,
         )
         self._monitor.start()
 
@@ -236,24 +236,20 @@ class Daemon:
         if snapshot is None:
             return
         affected = [
-            p.name
-            for p in snapshot.plans
-            if any(change.uuid in (d.physical_uuid, d.gpu_uuid) for d in p.devices)
+            p.name for p in snapshot.plans if any(change.uuid in health_dependencies(d) for d in p.devices)
         ]
-        where = _describe_device(snapshot.inventory, change.uuid)
+        where = describe(snapshot.inventory, change.uuid)
         if change.healthy:
             log.info(
-                "%s (%s) is healthy again (%s); resources affected: %s",
+                "%s is healthy again (%s); resources affected: %s",
                 where,
-                change.uuid,
                 change.reason,
                 ", ".join(affected) or "none",
             )
         else:
             log.warning(
-                "%s (%s) is unhealthy: %s; resources affected: %s",
+                "%s is unhealthy: %s; resources affected: %s",
                 where,
-                change.uuid,
                 change.reason,
                 ", ".join(affected) or "none",
             )
@@ -270,13 +266,3 @@ def _manager_hooks(metrics: DaemonMetrics) -> ManagerHooks:
             on_preferred=[lambda r, s, e: metrics.call_answered(r, "GetPreferredAllocation", s, e)],
         ),
     )
-
-
-def _describe_device(inventory: Inventory, uuid: str) -> str:
-    for gpu in inventory.gpus:
-        if gpu.uuid == uuid:
-            return f"GPU {gpu.index}"
-        for mig in gpu.mig_devices:
-            if mig.uuid == uuid:
-                return f"MIG device {gpu.index}:{mig.index}"
-    return "device"

@@ -82,3 +82,14 @@ class Inventory:
 
     def mig_device(self, uuid: str) -> MigDevice | None:
         return self._migs.get(uuid)
+
+
+def describe(inventory: Inventory, uuid: str) -> str:
+    """How log lines name a physical device: "GPU 3 (GPU-...)", "MIG device 0:1 (MIG-...)"."""
+    gpu = inventory.gpu(uuid)
+    if gpu is not None:
+        return f"GPU {gpu.index} ({uuid})"
+    mig = inventory.mig_device(uuid)
+    if mig is not None:
+        return f"MIG device {mig.parent_index}:{mig.index} ({uuid})"
+    return f"device {uuid}"

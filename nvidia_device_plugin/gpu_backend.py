@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from nvidia_device_plugin.allocation import AllocationIndex, AllocationSettings, allocate
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.preferred import preferred_allocation
 from nvidia_device_plugin.resources import ResourcePlan
@@ -38,8 +38,7 @@ class GpuResourceBackend:
             self.plan,
             requests,
             self.settings,
-            # Keyed by physical UUID: allocate checks each device's GPU/MIG UUID against it.
-            unhealthy=self.registry.unhealthy(),
+            unhealthy=self.registry,  # asked per requested device; no copy of the unhealthy map
             inventory=self.inventory,
             index=self._index,
         )

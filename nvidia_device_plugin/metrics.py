@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import CallError, Events, HealthChange
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.plugin.manager import PluginManager
 from nvidia_device_plugin.resources import ResourcePlan
 

@@ -36,10 +36,10 @@ def build_snapshot(session: NvmlSession, config: Config) -> Snapshot:
     Raises NvmlError when discovery fails and ConfigError / InventoryError when the config cannot be
     applied to what was found.
     """
-    inventory = discover(session.nv, session.sysfs_root)
+    inventory = discover(session.nv, session.host.sysfs_root)
     plans = build_resources(inventory, config)
     check_device_list_sizes(plans)
-    return Snapshot(config, inventory, plans, AllocationSettings.from_config(config))
+    return Snapshot(config, inventory, plans, AllocationSettings.from_config(config, session.host))
 
 
 # Kubelet dials plugins without raising grpc-go's default receive limit: a ListAndWatch message over it

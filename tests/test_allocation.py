@@ -20,6 +20,7 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.config.v1 import Config, Flags, PluginFlags
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError, ConfigError
+from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
 
 from builders import gpu_device, mig_device
@@ -507,14 +508,15 @@ def test_settings_from_config_take_the_plugin_flags() -> None:
         device_list_strategy=("envvar", "cdi-cri"),
         device_id_strategy="index",
         pass_device_specs=True,
-        nvidia_driver_root="/run/nvidia/driver",
         nvidia_dev_root="/run/nvidia/driver",
-        container_driver_root="/driver-root",
         cdi_annotation_prefix="x.io/",
         mps_root="/var/mps",
         gds_enabled=True,
     )
     assert AllocationSettings.from_config(Config()) == AllocationSettings()
+    host = HostPaths(sysfs_root=Path("/s"), proc_root=Path("/p"), dev_root=Path("/d"))
+    from_host = AllocationSettings.from_config(Config(), host)
+    assert (from_host.proc_root, from_host.device_node_probe_root) == ("/p", "/d")
 
 
 @pytest.mark.parametrize(

@@ -308,3 +308,22 @@ def test_reload_replaces_renamed_resource_servers_and_sockets(
         assert kubelet.wait_for(daemon.manager.all_registered)
     finally:
         daemon.stop()
+
+
+def test_pass_device_specs_works_on_a_simulated_mig_node(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    # The session owns the host paths: the simulator's proc and dev trees answer Allocate's device specs.
+    from nvidia_device_plugin.config.v1 import PluginFlags
+
+    config = Config(flags=Flags(mig_strategy="mixed", plugin=PluginFlags(pass_device_specs=True)))
+    daemon = start_daemon(plugin_dir, "a100-mig-mixed", lambda: config)
+    try:
+        resource = "nvidia.com/mig-3g.40gb"
+        assert kubelet.wait_for_resources([resource])
+        mig_id = sorted(kubelet.devices(resource))[0]
+        response = kubelet.allocate(resource, [[mig_id]]).container_responses[0]
+        paths = [d.container_path for d in response.devices]
+        assert "/dev/nvidiactl" in paths
+        caps = [p for p in paths if p.startswith("/dev/nvidia-caps/nvidia-cap")]
+        assert len(caps) == 2  # the GPU instance's and the compute instance's capability
+    finally:
+        daemon.stop()

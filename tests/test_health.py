@@ -1,98 +1,19 @@
+"""The health monitor against a simulated node: which events count, MIG, lost GPUs, recovery, NVML errors."""
+
 from __future__ import annotations
 
 import logging
 import threading
-import time
-import tracemalloc
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
 import pynvml
 import pytest
+from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node, wait_for
 
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health, Recovery
-from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health import (
-    NOT_ATTRIBUTED,
-    REASON_DOUBLE_BIT_ECC,
-    REASON_LOST,
-    HealthMonitor,
-    attribute_xid,
-    xid_reason,
-)
-from nvidia_device_plugin.health_state import HealthRegistry
-from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST, xid_reason
 from nvidia_device_plugin.nvml.node import load_node, parse_node
-from nvidia_device_plugin.nvml.simulator import SimulatedNvml
-
-HEALTH_LOG = "nvidia_device_plugin.health"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 10.0) -> None:
-    deadline = time.monotonic() + cap_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
-@dataclass
-class Node:
-    sim: SimulatedNvml
-    inventory: Inventory
-    registry: HealthRegistry = field(default_factory=HealthRegistry)
-    changes: list[HealthChange] = field(default_factory=list)
-    monitors: list[HealthMonitor] = field(default_factory=list)
-
-    def gpu(self, index: int) -> Gpu:
-        return self.inventory.gpus[index]
-
-    def monitor(self, policy: Health | None = None, **kwargs: Any) -> HealthMonitor:
-        kwargs.setdefault("wait_timeout_ms", 20)
-        kwargs.setdefault("poll_interval_s", 0.05)
-        monitor = HealthMonitor(self.sim, self.inventory, policy or Health(), self.registry, **kwargs)
-        self.monitors.append(monitor)
-        monitor.start()
-        return monitor
-
-    def unhealthy(self) -> dict[str, str]:
-        return self.registry.unhealthy()
-
-    def wait_unhealthy(self, uuid: str) -> None:
-        wait_for(lambda: uuid in self.unhealthy(), f"{uuid} to become unhealthy")
-
-    def settle(self, monitor: HealthMonitor, marker_gpu: int) -> None:
-        """Make sure the loop has run a whole step since now: two ignored XIDs (13) handled in turn."""
-        for _ in range(2):
-            target = monitor.processed_events + 1
-            self.sim.inject_xid(marker_gpu, 13)
-            wait_for(lambda: monitor.processed_events >= target, "the marker event")  # noqa: B023
-
-
-def make_node(spec: Any) -> Iterator[Node]:
-    sim = SimulatedNvml(spec)
-    sim.nvmlInit()
-    node = Node(sim=sim, inventory=discover(sim, sim.materialize_sysfs()))
-    node.registry.subscribe(node.changes.append)
-    yield node
-    for monitor in node.monitors:
-        monitor.stop()
-    sim.nvmlShutdown()
-    sim.close()
-    assert not [t for t in threading.enumerate() if t.name == "nvml-health"]
 
 
 @pytest.fixture
@@ -123,54 +44,18 @@ def health_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     return caplog
 
 
-def lines(caplog: pytest.LogCaptureFixture, containing: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == HEALTH_LOG and containing in r.getMessage()]
-
-
-# ---- pure policy ------------------------------------------------------------------------------------
-
-
-def mig_gpu() -> Gpu:
-    migs = tuple(
-        MigDevice(
-            uuid=f"MIG-{n}",
-            index=n,
-            parent_uuid="GPU-x",
-            parent_index=0,
-            profile="1g.10gb",
-            memory_bytes=10 << 30,
-            gpu_instance_id=gi,
-            compute_instance_id=ci,
-        )
-        for n, (gi, ci) in enumerate([(1, 0), (2, 0), (2, 1)])
-    )
-    return Gpu(
-        index=0,
-        uuid="GPU-x",
-        name="NVIDIA A100-SXM4-80GB",
-        memory_bytes=80 << 30,
-        pci_bus_id="00000000:07:00.0",
-        minor=0,
-        numa_node=0,
-        mig_enabled=True,
-        mig_devices=migs,
-    )
-
-
-def test_xid_attribution_to_mig_devices() -> None:
-    gpu = mig_gpu()
-    assert attribute_xid(gpu, 2, 1) == ["MIG-2"]
-    assert attribute_xid(gpu, 2, NOT_ATTRIBUTED) == ["MIG-1", "MIG-2"]  # the whole GPU instance
-    assert attribute_xid(gpu, NOT_ATTRIBUTED, NOT_ATTRIBUTED) == ["GPU-x"]
-    assert attribute_xid(gpu, 7, 0) == ["GPU-x"]  # no such instance
-    assert attribute_xid(gpu, 1, 5) == ["GPU-x"]
-    whole = Gpu(**{**gpu.__dict__, "mig_enabled": False, "mig_devices": ()})
-    assert attribute_xid(whole, 1, 0) == ["GPU-x"]
-
-
-def test_xid_reason_names_well_known_xids() -> None:
-    assert xid_reason(79) == "XID 79 (GPU has fallen off the bus)"
-    assert xid_reason(4242) == "XID 4242"
+def test_every_xid_seen_reaches_the_events_interface(dgx: Node) -> None:
+    dgx.monitor()
+    dgx.sim.inject_xid(4, 79)  # critical under the default policy
+    dgx.sim.inject_xid(5, 13)  # ignored by default
+    dgx.sim.inject_ecc_double_bit(6)  # not an XID: not reported as one
+    dgx.sim.inject_xid(7, 48)
+    wait_for(lambda: dgx.events.count >= 3, "the XIDs to be reported")
+    assert dgx.events.xids == [
+        (dgx.gpu(4).uuid, 79, True),
+        (dgx.gpu(5).uuid, 13, False),
+        (dgx.gpu(7).uuid, 48, True),
+    ]
 
 
 # ---- which XIDs count -------------------------------------------------------------------------------
@@ -476,76 +361,3 @@ def test_a_probe_error_that_does_not_mean_lost_changes_nothing(
     dgx.settle(monitor, marker_gpu=0)
     assert dgx.unhealthy() == {}
     assert len(lines(health_log, "cannot check")) == 1
-
-
-# ---- storms and shutdown ----------------------------------------------------------------------------
-
-
-def test_an_event_storm_is_handled_in_bounded_memory_and_ends_in_the_right_state(
-    dgx: Node, health_log: pytest.LogCaptureFixture
-) -> None:
-    monitor = dgx.monitor()
-    tracemalloc.start()
-    try:
-        for n in range(9_998):
-            dgx.sim.inject_xid(n % 8, (13, 31, 43)[n % 3])
-        dgx.sim.inject_xid(2, 79)
-        dgx.sim.inject_xid(7, 48)
-        wait_for(lambda: monitor.processed_events >= 10_000, "the storm to be processed", cap_s=60)
-        dgx.settle(monitor, marker_gpu=0)
-        held = tracemalloc.take_snapshot().filter_traces(
-            [tracemalloc.Filter(True, "*nvidia_device_plugin/health*.py")]
-        )
-        retained = sum(stat.size for stat in held.statistics("filename"))
-    finally:
-        tracemalloc.stop()
-    assert set(dgx.unhealthy()) == {dgx.gpu(2).uuid, dgx.gpu(7).uuid}
-    assert [c.uuid for c in dgx.changes] == [dgx.gpu(2).uuid, dgx.gpu(7).uuid]
-    assert retained < 64 * 1024, f"the monitor holds {retained} bytes after a storm"
-    assert len(lines(health_log, "ignored")) <= 2
-
-
-def test_ignored_xid_storm_is_summed_up_once_per_window(
-    dgx: Node, health_log: pytest.LogCaptureFixture
-) -> None:
-    clock = FakeClock()
-    monitor = dgx.monitor(poll_interval_s=1e6, clock=clock)
-    for _ in range(500):
-        dgx.sim.inject_xid(1, 31)
-    wait_for(lambda: monitor.processed_events >= 500, "the ignored XIDs")
-    clock.advance(61)
-    wait_for(lambda: lines(health_log, "more non-critical") != [], "the summary line")
-    summary = lines(health_log, "more non-critical")
-    assert len(summary) == 1 and "XID 31 x" in summary[0]
-    assert len(lines(health_log, "ignored")) == 2
-
-
-def test_many_distinct_ignored_xids_keep_the_summary_bounded(
-    dgx: Node, health_log: pytest.LogCaptureFixture
-) -> None:
-    clock = FakeClock()
-    monitor = dgx.monitor(Health(critical_xids=frozenset({79})), poll_interval_s=1e6, clock=clock)
-    for xid in range(1000, 1101):
-        dgx.sim.inject_xid(0, xid)
-    wait_for(lambda: monitor.processed_events >= 101, "the ignored XIDs")
-    clock.advance(61)
-    wait_for(lambda: lines(health_log, "more non-critical") != [], "the summary line")
-    (summary,) = lines(health_log, "more non-critical")
-    assert "ignored 100 more" in summary and "other XIDs x68" in summary
-    assert summary.count("XID 1") == 32
-
-
-def test_stop_returns_promptly_and_leaves_no_thread(dgx: Node) -> None:
-    monitor = dgx.monitor(wait_timeout_ms=50)
-    assert [t for t in threading.enumerate() if t.name == "nvml-health"]
-    monitor.stop()
-    assert not [t for t in threading.enumerate() if t.name == "nvml-health"]
-    monitor.stop()  # idempotent
-
-
-def test_stop_while_backing_off_from_wait_errors(dgx: Node, health_log: pytest.LogCaptureFixture) -> None:
-    dgx.sim.fail_next("nvmlEventSetWait_v2", pynvml.NVML_ERROR_UNKNOWN, 1000)
-    monitor = dgx.monitor(wait_timeout_ms=50)
-    wait_for(lambda: lines(health_log, "waiting for NVML events failed") != [], "the monitor to back off")
-    monitor.stop()
-    assert not [t for t in threading.enumerate() if t.name == "nvml-health"]

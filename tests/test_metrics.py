@@ -22,7 +22,7 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError, ConfigError, DevicePluginError
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.metrics import MetricsServer, parse_address, start_metrics
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec

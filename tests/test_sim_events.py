@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.config.v1 import Health
-from nvidia_device_plugin.health import REASON_LOST, HealthMonitor
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.monitor import HealthMonitor
+from nvidia_device_plugin.health.policy import REASON_LOST
+from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.node import load_node
 from nvidia_device_plugin.nvml.sim_events import MalformedEvent, SimEvent, SimulatedEventFeeder, parse_event
@@ -224,7 +225,7 @@ def sim() -> Iterator[SimulatedNvml]:
 
 
 def test_events_from_the_file_reach_the_health_registry(events: Path, sim: SimulatedNvml) -> None:
-    inventory = discover(sim, sim.materialize_sysfs())
+    inventory = discover(sim, sim.materialize_host().sysfs_root)
     registry = HealthRegistry()
     monitor = HealthMonitor(sim, inventory, Health(), registry, wait_timeout_ms=20, poll_interval_s=0.01)
     feeder = SimulatedEventFeeder(events, sim, poll_interval_s=0.01)

@@ -2,49 +2,92 @@
 
 from __future__ import annotations
 
-import ctypes
+import ast
 import inspect
 from pathlib import Path
 
 import pynvml
 import pytest
 
+import nvidia_device_plugin
 from nvidia_device_plugin.devices import PcieLevel
 from nvidia_device_plugin.errors import ConfigError, NvmlError
+from nvidia_device_plugin.nvml.api import NvmlApi, api_functions
 from nvidia_device_plugin.nvml.backend import open_nvml
 from nvidia_device_plugin.nvml.discovery import discover, mig_profile_name, read_numa_node
 from nvidia_device_plugin.nvml.node import load_node, preset_names
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml, simulated_functions
 
+PACKAGE = Path(nvidia_device_plugin.__file__).parent
 
-@pytest.mark.parametrize("name", simulated_functions())
-def test_every_simulated_function_matches_real_pynvml_signature(name: str) -> None:
+
+def _parameters(fn: object, drop_self: bool) -> list[tuple[str, object]]:
+    params = list(inspect.signature(fn).parameters.values())  # type: ignore[arg-type]
+    return [(p.name, p.default) for p in params[1 if drop_self else 0 :]]
+
+
+@pytest.mark.parametrize("name", api_functions())
+def test_every_api_function_exists_with_pynvml_signature_on_pynvml_and_the_simulator(name: str) -> None:
+    declared = _parameters(getattr(NvmlApi, name), drop_self=True)
     real = getattr(pynvml, name, None)
-    assert real is not None, f"pynvml has no {name}"
-    real_params = list(inspect.signature(real).parameters.values())
-    ours = list(inspect.signature(getattr(SimulatedNvml, name)).parameters.values())[1:]  # drop self
-    assert [p.name for p in ours] == [p.name for p in real_params]
-    assert [p.default for p in ours] == [p.default for p in real_params]
+    assert callable(real), f"NvmlApi declares {name}, which pynvml does not have"
+    assert _parameters(real, drop_self=False) == declared, f"NvmlApi.{name} differs from pynvml's"
+    simulated = vars(SimulatedNvml).get(name)
+    assert simulated is not None, f"the simulator lacks {name}, which NvmlApi declares"
+    assert _parameters(simulated, drop_self=True) == declared, f"SimulatedNvml.{name} differs from pynvml's"
 
 
-def test_simulator_covers_what_discovery_and_health_call() -> None:
-    needed = {
-        "nvmlInit",
-        "nvmlShutdown",
-        "nvmlDeviceGetCount",
-        "nvmlDeviceGetHandleByIndex",
-        "nvmlDeviceGetHandleByUUID",
-        "nvmlDeviceGetUUID",
-        "nvmlDeviceGetMigMode",
-        "nvmlDeviceGetMigDeviceHandleByIndex",
-        "nvmlEventSetCreate",
-        "nvmlDeviceRegisterEvents",
-        "nvmlEventSetWait_v2",
-        "nvmlEventSetFree",
-        "nvmlDeviceGetTopologyCommonAncestor",
-        "nvmlDeviceGetNvLinkRemotePciInfo",
+def test_the_simulator_implements_exactly_the_api() -> None:
+    # Extra simulated functions would be untested fakes of calls nothing makes.
+    assert simulated_functions() == api_functions()
+
+
+def _nvml_functions_named_in(path: Path) -> set[str]:
+    """pynvml functions a module refers to as `<something>.nvmlX` (called, or passed on to be called)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("nvml")
+        # a function: not a constant (nvmlEventTypeXidCriticalError) or a struct (nvmlPciInfo_t)
+        and inspect.isfunction(getattr(pynvml, node.attr, None))
     }
-    assert needed <= set(simulated_functions())
+
+
+def test_product_code_calls_only_nvml_functions_the_api_declares() -> None:
+    used: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _nvml_functions_named_in(path):
+            used.setdefault(name, set()).add(str(path.relative_to(PACKAGE)))
+    assert "nvmlEventSetWait_v2" in used and "nvmlDeviceGetCount" in used  # the scan sees product calls
+    undeclared = {name: sorted(where) for name, where in used.items() if name not in api_functions()}
+    assert undeclared == {}, "declare these in nvml/api.py (NvmlApi) and implement them in the simulator"
+
+
+def test_the_scan_finds_calls_in_any_form(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "def f(nv, pynvml):\n"
+        "    nv.nvmlDeviceGetPowerUsage(h)\n"
+        "    call(pynvml.nvmlDeviceGetTemperature, h)\n"
+        "    return pynvml.NVML_ERROR_TIMEOUT, nv.nvmlEventTypeXidCriticalError, pynvml.nvmlPciInfo_t()\n"
+    )
+    assert _nvml_functions_named_in(module) == {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"}
+
+
+def test_an_unimplemented_function_is_refused_by_name() -> None:
+    sim = SimulatedNvml(load_node("t4-single"))
+    with pytest.raises(
+        AttributeError, match=r"does not implement nvmlDeviceGetPowerUsage; add it to nvml/sim"
+    ):
+        sim.nvmlDeviceGetPowerUsage  # noqa: B018 - the lookup itself must fail
+    # Constants, structs and exception classes are still pynvml's own.
+    assert sim.NVML_ERROR_TIMEOUT == pynvml.NVML_ERROR_TIMEOUT
+    assert sim.NVMLError_GpuIsLost is pynvml.NVMLError_GpuIsLost
+    assert sim.nvmlPciInfo_t is pynvml.nvmlPciInfo_t
+    with pytest.raises(AttributeError):
+        sim.no_such_name  # noqa: B018
 
 
 def test_presets_exist() -> None:
@@ -62,11 +105,25 @@ def test_returns_pynvml_types_and_error_classes() -> None:
     assert isinstance(
         sim.nvmlDeviceGetPciInfo(handle), pynvml.nvmlPciInfo_t
     )  # busId decoding is pynvml's own
-    assert isinstance(sim.nvmlDeviceIsMigDeviceHandle(handle), ctypes.c_uint)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         sim.nvmlDeviceGetHandleByIndex(8)
     with pytest.raises(pynvml.NVMLError_Timeout):
         sim.nvmlEventSetWait_v2(sim.nvmlEventSetCreate(), 1)
+
+
+def test_an_interrupted_wait_returns_as_a_timeout_and_events_come_first() -> None:
+    sim = SimulatedNvml(load_node("dgx-a100"))
+    sim.nvmlInit()
+    events = sim.nvmlEventSetCreate()
+    sim.nvmlDeviceRegisterEvents(
+        sim.nvmlDeviceGetHandleByIndex(0), pynvml.nvmlEventTypeXidCriticalError, events
+    )
+    sim.inject_xid(0, 79)
+    sim.interrupt_event_wait(events)  # posted before the wait: the wait still returns the queued event
+    assert sim.nvmlEventSetWait_v2(events, 3_600_000).eventData == 79
+    # Then the interrupt: an hour-long wait returns at once (pytest's timeout fails the test otherwise).
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        sim.nvmlEventSetWait_v2(events, 3_600_000)
 
 
 def test_injected_failures_and_lost_gpus_raise_real_codes() -> None:
@@ -185,7 +242,7 @@ def test_nvml_failure_during_discovery_names_the_call() -> None:
     sim.nvmlInit()
     sim.fail_next("nvmlDeviceGetUUID", pynvml.NVML_ERROR_GPU_IS_LOST)
     with pytest.raises(NvmlError, match=r"reading GPU 0: GPU is lost"):
-        discover(sim, sim.materialize_sysfs())
+        discover(sim, sim.materialize_host().sysfs_root)
     sim.close()
 
 

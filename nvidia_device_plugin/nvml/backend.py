@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pynvml
 
+from nvidia_device_plugin.nvml.api import NvmlApi
 from nvidia_device_plugin.nvml.errors import nvml_call
+from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
 from nvidia_device_plugin.nvml.node import load_node
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
 
@@ -18,15 +19,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class NvmlSession:
-    """An initialised NVML: `nv` has pynvml's API; `sysfs_root` is where PCI NUMA nodes are read."""
+    """An initialised NVML (`nv`), and the host tree (sysfs, procfs, /dev) of the node it describes."""
 
-    nv: Any
-    sysfs_root: Path
+    nv: NvmlApi
+    host: HostPaths
     simulator: SimulatedNvml | None
 
     @property
     def simulated(self) -> bool:
         return self.simulator is not None
+
+    @property
+    def sysfs_root(self) -> Path:
+        """Where discovery reads PCI NUMA nodes (host.sysfs_root)."""
+        return self.host.sysfs_root
 
     def close(self) -> None:
         try:
@@ -43,6 +49,8 @@ def open_nvml(simulate: str | None = None) -> NvmlSession:
         sim = SimulatedNvml(load_node(simulate))
         nvml_call(sim.nvmlInit, what="initialising simulated NVML")
         log.info("NVML simulated: node %s with %d GPUs", sim.node.name, len(sim.node.gpus))
-        return NvmlSession(nv=sim, sysfs_root=sim.materialize_sysfs(), simulator=sim)
+        # Typed as NvmlApi here, so mypy checks that the simulator implements the whole API.
+        api: NvmlApi = sim
+        return NvmlSession(nv=api, host=sim.materialize_host(), simulator=sim)
     nvml_call(pynvml.nvmlInit, what="initialising NVML")
-    return NvmlSession(nv=pynvml, sysfs_root=Path("/sys"), simulator=None)
+    return NvmlSession(nv=pynvml, host=REAL_HOST, simulator=None)

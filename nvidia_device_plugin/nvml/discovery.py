@@ -1,6 +1,7 @@
 """Discovery: read the node's GPUs, MIG devices, NUMA nodes and interconnect through pynvml's API.
 
-`nv` is the pynvml module on a real node and a SimulatedNvml in simulation; this code cannot tell.
+`nv` is the pynvml module on a real node and a SimulatedNvml in simulation (both an NvmlApi); this
+code cannot tell.
 """
 
 from __future__ import annotations
@@ -8,15 +9,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pynvml
 
 from nvidia_device_plugin.devices import Gpu, GpuLink, Inventory, MigDevice, PcieLevel
+from nvidia_device_plugin.nvml.api import DeviceHandle, NvmlApi
 from nvidia_device_plugin.nvml.errors import nvml_call, nvml_error
 
 
-def discover(nv: Any, sysfs_root: Path = Path("/sys")) -> Inventory:
+def discover(nv: NvmlApi, sysfs_root: Path = Path("/sys")) -> Inventory:
     """Inventory of the node. NVML must be initialised; failures raise NvmlError naming the call."""
     count = nvml_call(nv.nvmlDeviceGetCount, what="counting GPUs")
     handles = [nvml_call(nv.nvmlDeviceGetHandleByIndex, i, what=f"opening GPU {i}") for i in range(count)]
@@ -29,7 +30,7 @@ def discover(nv: Any, sysfs_root: Path = Path("/sys")) -> Inventory:
     )
 
 
-def _gpu(nv: Any, index: int, handle: Any, sysfs_root: Path) -> Gpu:
+def _gpu(nv: NvmlApi, index: int, handle: DeviceHandle, sysfs_root: Path) -> Gpu:
     what = f"reading GPU {index}"
     uuid = nvml_call(nv.nvmlDeviceGetUUID, handle, what=what)
     memory = nvml_call(nv.nvmlDeviceGetMemoryInfo, handle, what=what).total
@@ -48,7 +49,7 @@ def _gpu(nv: Any, index: int, handle: Any, sysfs_root: Path) -> Gpu:
     )
 
 
-def _mig_enabled(nv: Any, handle: Any, index: int) -> bool:
+def _mig_enabled(nv: NvmlApi, handle: DeviceHandle, index: int) -> bool:
     try:
         current, _pending = nv.nvmlDeviceGetMigMode(handle)
     except pynvml.NVMLError as exc:
@@ -59,7 +60,7 @@ def _mig_enabled(nv: Any, handle: Any, index: int) -> bool:
 
 
 def _mig_devices(
-    nv: Any, handle: Any, index: int, parent_uuid: str, parent_memory: int
+    nv: NvmlApi, handle: DeviceHandle, index: int, parent_uuid: str, parent_memory: int
 ) -> tuple[MigDevice, ...]:
     what = f"reading MIG devices of GPU {index}"
     devices = []
@@ -116,7 +117,7 @@ def read_numa_node(pci_bus_id: str, sysfs_root: Path) -> int | None:
     return node if node >= 0 else None
 
 
-def _links(nv: Any, handles: list[Any], gpus: tuple[Gpu, ...]) -> tuple[GpuLink, ...]:
+def _links(nv: NvmlApi, handles: list[DeviceHandle], gpus: tuple[Gpu, ...]) -> tuple[GpuLink, ...]:
     by_bus = {g.pci_bus_id.lower(): g.index for g in gpus}
     direct: list[Counter[int]] = []
     to_switch: list[int] = []
@@ -140,7 +141,7 @@ def _links(nv: Any, handles: list[Any], gpus: tuple[Gpu, ...]) -> tuple[GpuLink,
     return tuple(links)
 
 
-def _nvlinks(nv: Any, handle: Any, by_bus: dict[str, int]) -> tuple[Counter[int], int]:
+def _nvlinks(nv: NvmlApi, handle: DeviceHandle, by_bus: dict[str, int]) -> tuple[Counter[int], int]:
     """NVLink lanes from one GPU: per peer GPU index, and the number going to NVSwitches."""
     peers: Counter[int] = Counter()
     switch = 0
@@ -161,7 +162,9 @@ def _nvlinks(nv: Any, handle: Any, by_bus: dict[str, int]) -> tuple[Counter[int]
     return peers, switch
 
 
-def _remote_type(nv: Any, handle: Any, link: int, remote_bus: str, by_bus: dict[str, int]) -> int:
+def _remote_type(
+    nv: NvmlApi, handle: DeviceHandle, link: int, remote_bus: str, by_bus: dict[str, int]
+) -> int:
     try:
         return int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
     except pynvml.NVMLError as exc:

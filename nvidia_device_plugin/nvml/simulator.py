@@ -1,10 +1,11 @@
 """A stand-in for the `pynvml` module, driven by a NodeSpec.
 
-It implements the pynvml functions the plugin calls, with pynvml's names, arguments, return types
-(the same ctypes structs and handle pointer types) and `pynvml.NVMLError` codes, so discovery and
-health code cannot tell it from a real node. Anything not defined here (constants, exception classes)
-is looked up on the real pynvml module. Methods outside pynvml's API (inject_xid, set_lost, fail_next,
-materialize_sysfs) are the simulation's controls.
+It implements exactly the pynvml functions of `NvmlApi` (nvml/api.py), with pynvml's names, arguments,
+return types (the same ctypes structs and handle pointer types) and `pynvml.NVMLError` codes, so
+discovery and health code cannot tell it from a real node. Constants, structs and exception classes are
+looked up on the real pynvml module; an `nvml*` function it does not implement is an AttributeError
+naming it, never a silent fall-through to the real library. Methods outside pynvml's API (inject_xid,
+set_lost, fail_next, interrupt_event_wait, materialize_host) are the simulation's controls.
 """
 
 from __future__ import annotations
@@ -13,15 +14,26 @@ import ctypes
 import functools
 import tempfile
 import threading
+import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pynvml
 
+from nvidia_device_plugin.nvml.api import (
+    DeviceAttributes,
+    DeviceHandle,
+    EventData,
+    EventSetHandle,
+    MemoryInfo,
+    PciInfo,
+)
+from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.node import GpuSpec, MigSpec, NodeSpec
+from nvidia_device_plugin.nvml.sim_host import gpu_minor, materialize_host, mig_instance_ids
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,8 +47,8 @@ def _nvml_error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
-def _address(handle: Any) -> int:
-    value = ctypes.cast(handle, ctypes.c_void_p).value
+def _address(handle: object) -> int:
+    value = ctypes.cast(cast(Any, handle), ctypes.c_void_p).value
     if value is None:
         raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     return value
@@ -47,6 +59,7 @@ class _EventSet:
     address: int
     masks: dict[int, int] = field(default_factory=dict)  # GPU index -> registered event types
     queue: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
+    woken: bool = False  # interrupt_event_wait was called: the next wait with nothing queued returns
 
 
 def _api(fn: F) -> F:
@@ -56,7 +69,7 @@ def _api(fn: F) -> F:
     def wrapper(self: SimulatedNvml, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             self._maybe_fail(fn.__name__)
-            if fn.__name__ not in ("nvmlInit", "nvmlInitWithFlags") and self._init_count == 0:
+            if fn.__name__ != "nvmlInit" and self._init_count == 0:
                 raise _nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
         return fn(self, *args, **kwargs)
 
@@ -76,10 +89,17 @@ class SimulatedNvml:
         self._failures: dict[str, deque[int]] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = _EVENT_SET_BASE
-        self._sysfs: tempfile.TemporaryDirectory[str] | None = None
-        self._gpus_by_bus = {g.pci_bus_id.lower(): g for g in node.gpus}
+        self._host_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._host: HostPaths | None = None
 
     def __getattr__(self, name: str) -> Any:
+        # Only reached for names not defined on the class. A missing function must fail here, loudly:
+        # forwarding it to the real pynvml would surface as NVMLError_Uninitialized far from the cause.
+        if name.startswith("nvml") and isinstance(getattr(pynvml, name, None), types.FunctionType):
+            raise AttributeError(
+                f"the pynvml simulator does not implement {name}; add it to nvml/simulator.py "
+                "(and to NvmlApi in nvml/api.py)"
+            )
         # Constants, structs and exception classes are pynvml's own.
         return getattr(pynvml, name)
 
@@ -105,32 +125,37 @@ class SimulatedNvml:
         with self._lock:
             self._failures.setdefault(function_name, deque()).extend([code] * count)
 
-    def materialize_sysfs(self) -> Path:
-        """A throwaway sysfs tree with each GPU's PCI `numa_node`, for discovery's real sysfs reader."""
+    def interrupt_event_wait(self, eventSet: EventSetHandle) -> None:
+        """Make a wait on `eventSet` with nothing queued return NVML_ERROR_TIMEOUT now (or the next one).
+
+        Not pynvml: real nvmlEventSetWait cannot be interrupted. It lets a monitor stop without waiting
+        out its timeout; see nvml/events.py:interrupt_wait.
+        """
+        with self._events_ready:
+            event_set = self._event_sets.get(_address(eventSet))
+            if event_set is not None:
+                event_set.woken = True
+                self._events_ready.notify_all()
+
+    def materialize_host(self) -> HostPaths:
+        """A throwaway sysfs, procfs and /dev tree for this node (see nvml/sim_host.py); made once."""
         with self._lock:
-            if self._sysfs is None:
-                self._sysfs = tempfile.TemporaryDirectory(prefix="nvdp-sysfs-")
-                for gpu in self.node.gpus:
-                    domain, rest = gpu.pci_bus_id.lower().split(":", 1)
-                    dev = Path(self._sysfs.name, "bus", "pci", "devices", f"{domain[-4:]}:{rest}")
-                    dev.mkdir(parents=True)
-                    (dev / "numa_node").write_text(f"{gpu.numa_node}\n")
-            return Path(self._sysfs.name)
+            if self._host is None:
+                self._host_dir = tempfile.TemporaryDirectory(prefix="nvdp-host-")
+                self._host = materialize_host(self.node, Path(self._host_dir.name))
+            return self._host
 
     def close(self) -> None:
         with self._lock:
-            if self._sysfs is not None:
-                self._sysfs.cleanup()
-                self._sysfs = None
+            if self._host_dir is not None:
+                self._host_dir.cleanup()
+                self._host_dir = None
+                self._host = None
 
     # ---- pynvml: library ----------------------------------------------------------------------
 
     @_api
     def nvmlInit(self) -> None:
-        self.nvmlInitWithFlags(0)
-
-    @_api
-    def nvmlInitWithFlags(self, flags: int) -> None:
         with self._lock:
             self._init_count += 1
 
@@ -154,14 +179,14 @@ class SimulatedNvml:
         return len(self.node.gpus)
 
     @_api
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> DeviceHandle:
         if not 0 <= index < len(self.node.gpus):
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         self._check_not_lost(index)
         return self._handle(_GPU_STRIDE * (index + 1))
 
     @_api
-    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> DeviceHandle:
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
         for gpu in self.node.gpus:
             if gpu.uuid == text:
@@ -174,51 +199,40 @@ class SimulatedNvml:
         raise _nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
 
     @_api
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+    def nvmlDeviceGetUUID(self, handle: DeviceHandle) -> str:
         gpu, mig = self._device(handle)
         return mig.uuid if mig else gpu.uuid
 
     @_api
-    def nvmlDeviceGetName(self, handle: Any) -> str:
+    def nvmlDeviceGetName(self, handle: DeviceHandle) -> str:
         gpu, mig = self._device(handle)
         return f"{gpu.name} MIG {mig.profile}" if mig else gpu.name
 
     @_api
-    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+    def nvmlDeviceGetMinorNumber(self, handle: DeviceHandle) -> int:
         gpu, mig = self._device(handle)
         if mig:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return gpu.index
+        return gpu_minor(gpu)
 
     @_api
-    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+    def nvmlDeviceGetMemoryInfo(self, handle: DeviceHandle, version: int | None = None) -> MemoryInfo:
         gpu, mig = self._device(handle)
-        if mig:
-            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return gpu.index
-
-    @_api
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        gpu, mig = self._device(handle)
-        memory = pynvml.c_nvmlMemory_t()
+        memory: MemoryInfo = pynvml.c_nvmlMemory_t()
         memory.total = (self._mig_memory_mb(gpu, mig) if mig else gpu.memory_mib) * 1024 * 1024
         memory.used = 0
         memory.free = memory.total
         return memory
 
     @_api
-    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
-        return self.nvmlDeviceGetPciInfo_v3(handle)
-
-    @_api
-    def nvmlDeviceGetPciInfo_v3(self, handle: Any) -> Any:
+    def nvmlDeviceGetPciInfo(self, handle: DeviceHandle) -> PciInfo:
         gpu, _ = self._device(handle)
         return self._pci_info(gpu.pci_bus_id)
 
     # ---- pynvml: MIG --------------------------------------------------------------------------
 
     @_api
-    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+    def nvmlDeviceGetMigMode(self, device: DeviceHandle) -> list[int]:
         gpu, mig = self._device(device)
         if mig or not gpu.mig_capable:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -226,14 +240,14 @@ class SimulatedNvml:
         return [mode, mode]
 
     @_api
-    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: DeviceHandle) -> int:
         gpu, mig = self._device(device)
         if mig or not gpu.mig_capable:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return 7
 
     @_api
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: DeviceHandle, index: int) -> DeviceHandle:
         gpu, mig = self._device(device)
         if mig or not gpu.mig_enabled:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -242,39 +256,23 @@ class SimulatedNvml:
         return self._handle(_GPU_STRIDE * (gpu.index + 1) + _MIG_STRIDE * (index + 1))
 
     @_api
-    def nvmlDeviceIsMigDeviceHandle(self, device: Any) -> Any:
-        _, mig = self._device(device)
-        return ctypes.c_uint(1 if mig else 0)  # pynvml returns the c_uint itself, not its value
-
-    @_api
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Any) -> Any:
-        gpu, mig = self._device(migDevice)
-        if not mig:
-            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self._handle(_GPU_STRIDE * (gpu.index + 1))
-
-    @_api
-    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+    def nvmlDeviceGetGpuInstanceId(self, device: DeviceHandle) -> int:
         gpu, mig = self._device(device)
         if not mig:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self._instance_ids(gpu, mig)[0]
+        return mig_instance_ids(gpu, mig)[0]
 
     @_api
-    def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
+    def nvmlDeviceGetComputeInstanceId(self, device: DeviceHandle) -> int:
         gpu, mig = self._device(device)
         if not mig:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return self._instance_ids(gpu, mig)[1]
+        return mig_instance_ids(gpu, mig)[1]
 
     @_api
-    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
-        return self.nvmlDeviceGetAttributes_v2(device)
-
-    @_api
-    def nvmlDeviceGetAttributes_v2(self, device: Any) -> Any:
+    def nvmlDeviceGetAttributes(self, device: DeviceHandle) -> DeviceAttributes:
         gpu, mig = self._device(device)
-        attrs = pynvml.c_nvmlDeviceAttributes()
+        attrs: DeviceAttributes = pynvml.c_nvmlDeviceAttributes()
         if mig:
             attrs.gpuInstanceSliceCount = mig.gpu_slices
             attrs.computeInstanceSliceCount = mig.compute_slices
@@ -290,7 +288,7 @@ class SimulatedNvml:
     # ---- pynvml: topology ---------------------------------------------------------------------
 
     @_api
-    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
+    def nvmlDeviceGetNvLinkState(self, device: DeviceHandle, link: int) -> int:
         gpu, mig = self._device(device)
         if mig:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -302,7 +300,7 @@ class SimulatedNvml:
         return int(pynvml.NVML_FEATURE_ENABLED if link < len(targets) else pynvml.NVML_FEATURE_DISABLED)
 
     @_api
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Any, link: int) -> Any:
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: DeviceHandle, link: int) -> PciInfo:
         gpu, _ = self._device(device)
         targets = self._link_targets(gpu)
         if not 0 <= link < len(targets):
@@ -310,7 +308,7 @@ class SimulatedNvml:
         return self._pci_info(targets[link][1])
 
     @_api
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: DeviceHandle, link: int) -> int:
         gpu, _ = self._device(handle)
         targets = self._link_targets(gpu)
         if not 0 <= link < len(targets):
@@ -318,7 +316,7 @@ class SimulatedNvml:
         return targets[link][0]
 
     @_api
-    def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: DeviceHandle, device2: DeviceHandle) -> int:
         a, _ = self._device(device1)
         b, _ = self._device(device2)
         if a.index == b.index:
@@ -332,27 +330,29 @@ class SimulatedNvml:
     # ---- pynvml: events -----------------------------------------------------------------------
 
     @_api
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+    def nvmlDeviceGetSupportedEventTypes(self, handle: DeviceHandle) -> int:
         gpu, _ = self._device(handle)
         if not gpu.events:
             return 0
         return int(pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError)
 
     @_api
-    def nvmlEventSetCreate(self) -> Any:
+    def nvmlEventSetCreate(self) -> EventSetHandle:
         with self._lock:
             self._next_event_set += 0x10
             address = self._next_event_set
             self._event_sets[address] = _EventSet(address)
-        return ctypes.cast(address, pynvml.c_nvmlEventSet_t)
+        return EventSetHandle(ctypes.cast(address, pynvml.c_nvmlEventSet_t))
 
     @_api
-    def nvmlEventSetFree(self, eventSet: Any) -> None:
+    def nvmlEventSetFree(self, eventSet: EventSetHandle) -> None:
         with self._lock:
             self._event_sets.pop(_address(eventSet), None)
 
     @_api
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+    def nvmlDeviceRegisterEvents(
+        self, handle: DeviceHandle, eventTypes: int, eventSet: EventSetHandle
+    ) -> None:
         gpu, mig = self._device(handle)
         if not gpu.events or mig:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -361,22 +361,22 @@ class SimulatedNvml:
             event_set.masks[gpu.index] = event_set.masks.get(gpu.index, 0) | eventTypes
 
     @_api
-    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
-        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
-
-    @_api
-    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
+    def nvmlEventSetWait_v2(self, eventSet: EventSetHandle, timeoutms: int) -> EventData:
         with self._events_ready:
             event_set = self._event_set(eventSet)
             if not event_set.queue:
+                # Wakes early for an event, a freed set, or interrupt_event_wait (which real NVML lacks).
                 self._events_ready.wait_for(
-                    lambda: bool(event_set.queue) or event_set.address not in self._event_sets,
+                    lambda: (
+                        bool(event_set.queue) or event_set.woken or event_set.address not in self._event_sets
+                    ),
                     timeout=timeoutms / 1000.0,
                 )
             if not event_set.queue:
+                event_set.woken = False
                 raise _nvml_error(pynvml.NVML_ERROR_TIMEOUT)
             gpu_index, event_type, data, gi, ci = event_set.queue.popleft()
-        event = pynvml.c_nvmlEventData_t()
+        event: EventData = pynvml.c_nvmlEventData_t()
         event.device = self._handle(_GPU_STRIDE * (gpu_index + 1))
         event.eventType = event_type
         event.eventData = data
@@ -396,10 +396,10 @@ class SimulatedNvml:
             raise _nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
 
     @staticmethod
-    def _handle(address: int) -> Any:
-        return ctypes.cast(address, pynvml.c_nvmlDevice_t)
+    def _handle(address: int) -> DeviceHandle:
+        return DeviceHandle(ctypes.cast(address, pynvml.c_nvmlDevice_t))
 
-    def _device(self, handle: Any) -> tuple[GpuSpec, MigSpec | None]:
+    def _device(self, handle: DeviceHandle) -> tuple[GpuSpec, MigSpec | None]:
         address = _address(handle)
         gpu_index = address // _GPU_STRIDE - 1
         mig_index = (address % _GPU_STRIDE) // _MIG_STRIDE - 1
@@ -414,7 +414,7 @@ class SimulatedNvml:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return gpu, gpu.mig[mig_index]
 
-    def _event_set(self, handle: Any) -> _EventSet:
+    def _event_set(self, handle: EventSetHandle) -> _EventSet:
         event_set = self._event_sets.get(_address(handle))
         if event_set is None:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -431,18 +431,12 @@ class SimulatedNvml:
 
     def _inject(self, target: int | str, event_type: int, data: int) -> None:
         gpu, mig = self._resolve_target(target)
-        gi, ci = self._instance_ids(gpu, mig) if mig else (NOT_ATTRIBUTED, NOT_ATTRIBUTED)
+        gi, ci = mig_instance_ids(gpu, mig) if mig else (NOT_ATTRIBUTED, NOT_ATTRIBUTED)
         with self._events_ready:
             for event_set in self._event_sets.values():
                 if event_set.masks.get(gpu.index, 0) & event_type:
                     event_set.queue.append((gpu.index, event_type, data, gi, ci))
             self._events_ready.notify_all()
-
-    @staticmethod
-    def _instance_ids(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int]:
-        # GPU instance IDs as the driver numbers them are opaque; position-based IDs keep them unique.
-        position = gpu.mig.index(mig)
-        return position + 1, 0
 
     @staticmethod
     def _mig_memory_mb(gpu: GpuSpec, mig: MigSpec) -> int:
@@ -463,15 +457,16 @@ class SimulatedNvml:
         return targets
 
     @staticmethod
-    def _pci_info(bus_id: str) -> Any:
-        info = pynvml.nvmlPciInfo_t()
+    def _pci_info(bus_id: str) -> PciInfo:
+        info: Any = pynvml.nvmlPciInfo_t()  # sets fields PciInfo does not name
         domain, bus, rest = bus_id.split(":")
         info.busId = bus_id.encode()
         info.busIdLegacy = bus_id[4:].encode()
         info.domain = int(domain, 16)
         info.bus = int(bus, 16)
         info.device = int(rest.split(".")[0], 16)
-        return info
+        pci: PciInfo = info
+        return pci
 
 
 def simulated_functions() -> list[str]:

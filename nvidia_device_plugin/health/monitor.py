@@ -3,8 +3,11 @@
 One thread ("nvml-health") waits on an NVML event set for XID and double-bit ECC events, checks every
 GPU is still readable every `poll_interval_s`, and, when recovery is on, brings devices back. It never
 dies from an NVML error: a failing wait is logged once per distinct error code and retried with backoff.
+Every XID seen, critical or not, is reported to `Events.xid_seen`. NVML is reached only through
+nvml/events.py.
 
-Decisions where NVIDIA's plugin (internal/rm/health.go) differs or is silent:
+Decisions where NVIDIA's plugin (internal/rm/health.go) differs or is silent (XID attribution to MIG
+devices: see health/policy.py):
 
 * A failing wait does not mark every device unhealthy (NVIDIA's plugin does); it is retried, and a
   GPU_IS_LOST from it triggers an immediate liveness check of every GPU, which marks the lost ones.
@@ -16,10 +19,6 @@ Decisions where NVIDIA's plugin (internal/rm/health.go) differs or is silent:
   NOT_FOUND (the driver no longer lists it) mean lost; other errors are logged once and change nothing.
 * Registration failures other than GPU_IS_LOST leave the GPU healthy and polled (NVIDIA marks it
   unhealthy): a GPU that cannot report XIDs is not thereby broken.
-* MIG attribution: an XID whose gpuInstanceId and computeInstanceId name one MIG device marks that MIG
-  device; one with only a known gpuInstanceId marks the MIG devices of that GPU instance (they share
-  its memory and SMs); anything else, including IDs matching no MIG device, marks the whole GPU.
-  Double-bit ECC errors always mark the whole GPU.
 * Recovery (health.recovery.enabled, off by default): a device becomes healthy again after
   grace_period_seconds without a new critical event on it and a successful NVML read of it. For a lost
   GPU the grace period starts only when a liveness check finds it readable again.
@@ -33,6 +32,8 @@ Decisions where NVIDIA's plugin (internal/rm/health.go) differs or is silent:
   counted and summed up in one line when the minute is over, so a storm costs two lines a minute.
 * Events are handled one at a time as the wait returns them; nothing is queued here, so a storm costs
   time, not memory (NVML, or the simulator, holds what has not been read yet).
+* stop() interrupts the event wait where the NVML API can (the simulator); real NVML's wait cannot be
+  interrupted safely, so there stop() waits out the current wait (wait_timeout_ms, 500 ms by default).
 """
 
 from __future__ import annotations
@@ -43,76 +44,23 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import pynvml
 
 from nvidia_device_plugin.config.v1 import Health
-from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
-from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.devices import Gpu, Inventory, describe
+from nvidia_device_plugin.events import NO_EVENTS, Events, HealthChange
+from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST, attribute_xid, xid_reason
+from nvidia_device_plugin.health.registry import HealthRegistry
+from nvidia_device_plugin.nvml import events as nvml_events
+from nvidia_device_plugin.nvml.api import EventSetHandle, NvmlApi
+from nvidia_device_plugin.nvml.events import HealthEvent, NvmlFailure, ProbeState
 
 log = logging.getLogger(__name__)
-
-REASON_LOST = "GPU lost"
-REASON_DOUBLE_BIT_ECC = "double-bit ECC error"
-
-NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
-# health.eventTypes names -> the NVML event bits that can change health. Single-bit ECC errors are
-# corrected by the hardware, so that name is accepted (NVIDIA's default list has it) but never registered.
-EVENT_TYPE_BITS = {
-    "EventTypeXidCriticalError": pynvml.nvmlEventTypeXidCriticalError,
-    "EventTypeDoubleBitEccError": pynvml.nvmlEventTypeDoubleBitEccError,
-    "EventTypeSingleBitEccError": 0,
-}
-LOST_ERRORS = frozenset(
-    {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_NOT_FOUND}
-)
 
 _MAX_BACKOFF_S = 5.0
 _IGNORED_LOG_WINDOW_S = 60.0
 _MAX_DISTINCT_IGNORED = 32  # distinct XIDs counted per window; the rest are summed as "other"
 _DRAIN_LIMIT = 10_000  # events read from an event set that is being replaced
 _URGENT_CHECK_MIN_S = 1.0  # least time between out-of-turn liveness checks (a storm of unreadable events)
-
-# Names of XIDs an operator is likely to meet, from NVIDIA's XID catalogue, for log lines only.
-_XID_NAMES = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup, due to previous errors",
-    48: "double-bit ECC error",
-    63: "ECC page retirement or row remapping event",
-    64: "ECC page retirement or row remapping failure",
-    68: "video processor exception",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    109: "context switch timeout",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
-
-
-def xid_reason(xid: int) -> str:
-    """The reason string recorded for a critical XID, e.g. "XID 79 (GPU has fallen off the bus)"."""
-    name = _XID_NAMES.get(xid)
-    return f"XID {xid} ({name})" if name else f"XID {xid}"
-
-
-def attribute_xid(gpu: Gpu, gpu_instance_id: int, compute_instance_id: int) -> list[str]:
-    """UUIDs an XID on `gpu` with these instance IDs makes unhealthy (see the module docstring)."""
-    if not gpu.mig_devices or gpu_instance_id == NOT_ATTRIBUTED:
-        return [gpu.uuid]
-    in_instance = [m for m in gpu.mig_devices if m.gpu_instance_id == gpu_instance_id]
-    if compute_instance_id != NOT_ATTRIBUTED:
-        in_instance = [m for m in in_instance if m.compute_instance_id == compute_instance_id]
-    return [m.uuid for m in in_instance] or [gpu.uuid]
-
-
-Probe = Literal["ok", "lost", "unknown"]
 
 
 @dataclass
@@ -169,7 +117,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        nv: Any,  # the pynvml module or a SimulatedNvml: pynvml's untyped API either way
+        nv: NvmlApi,
         inventory: Inventory,
         policy: Health,
         registry: HealthRegistry,
@@ -177,21 +125,20 @@ class HealthMonitor:
         wait_timeout_ms: int = 500,
         poll_interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
-        on_xid: Callable[[str, int, bool], None] | None = None,
+        events: Events = NO_EVENTS,
     ) -> None:
         self._nv = nv
-        self._on_xid = on_xid  # f(gpu_uuid, xid, critical) for every XID seen, ignored ones too (metrics)
+        self._events = events
         self._inventory = inventory
         self._policy = policy
         self._registry = registry
         self._wait_timeout_ms = wait_timeout_ms
         self._poll_interval_s = poll_interval_s
         self._clock = clock
-        self._by_uuid = {g.uuid: g for g in inventory.gpus}
-        self._labels = _labels(inventory)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._event_set: Any = None
+        # Replaced only by the monitor thread (and start() before it runs), so stop() may read it.
+        self._event_set: EventSetHandle | None = None
         self._registered: set[str] = set()
         self._reported_polled: set[str] = set()
         self._faults: dict[str, _Fault] = {}
@@ -201,15 +148,7 @@ class HealthMonitor:
         self._backoff_s = self._initial_backoff_s
         self._next_poll_at = 0.0
         self._last_urgent_check: float | None = None
-        self._processed = 0
-        self._wanted_events = 0
-        for name in policy.event_types:
-            self._wanted_events |= EVENT_TYPE_BITS.get(name, 0)
-
-    @property
-    def processed_events(self) -> int:
-        """Events read from NVML so far (for metrics; read without locking, so approximate)."""
-        return self._processed
+        self._wanted_events = nvml_events.event_mask(policy.event_types)
 
     @property
     def _initial_backoff_s(self) -> float:
@@ -238,12 +177,18 @@ class HealthMonitor:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread and free the event set; returns within about one wait timeout. Idempotent."""
+        """Stop the thread and free the event set; returns at once where the wait can be interrupted
+        (simulation), else within about one wait timeout. Idempotent."""
         already_stopping = self._stop.is_set()
         self._stop.set()
         thread = self._thread
         if thread is None or (already_stopping and not thread.is_alive()):
             return
+        # The thread checks _stop just before each wait, and only it replaces the event set: whichever
+        # set it waits on after that check is the one read here, so the interrupt cannot miss it.
+        event_set = self._event_set
+        if event_set is not None:
+            nvml_events.interrupt_wait(self._nv, event_set)
         thread.join(timeout=self._wait_timeout_ms / 1000.0 + 5.0)
         if thread.is_alive():
             log.warning("health monitor thread did not stop: an NVML call is hanging")
@@ -254,13 +199,17 @@ class HealthMonitor:
         """Take over devices a previous monitor (before a config reload) left unhealthy, so they recover."""
         now = self._clock()
         for uuid in self._registry.unhealthy():
-            if uuid in self._by_uuid:
-                gpu: Gpu | None = self._by_uuid[uuid]
-            else:
-                mig = self._inventory.mig_device(uuid)
-                gpu = self._by_uuid.get(mig.parent_uuid) if mig is not None else None
+            gpu = self._gpu_of(uuid)
             if gpu is not None:
                 self._faults[uuid] = _Fault(gpu=gpu, lost=False, was_lost=False, last_bad_at=now)
+
+    def _gpu_of(self, uuid: str) -> Gpu | None:
+        """The GPU `uuid` is, or that the MIG device `uuid` sits on; None when not in the inventory."""
+        gpu = self._inventory.gpu(uuid)
+        if gpu is None:
+            mig = self._inventory.mig_device(uuid)
+            gpu = self._inventory.gpu(mig.parent_uuid) if mig is not None else None
+        return gpu
 
     # ---- the loop ---------------------------------------------------------------------------------
 
@@ -293,23 +242,23 @@ class HealthMonitor:
         self._ignored.flush(now)
 
     def _wait_once(self) -> None:
+        event_set = self._event_set
+        if event_set is None or self._stop.is_set():  # see stop(): this check must precede the wait
+            return
         try:
-            data = self._nv.nvmlEventSetWait_v2(self._event_set, self._wait_timeout_ms)
-        except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_TIMEOUT:
-                self._wait_recovered()
-            else:
-                self._wait_failed(exc)
+            event = nvml_events.wait_event(self._nv, event_set, self._wait_timeout_ms)
+        except NvmlFailure as failure:
+            self._wait_failed(failure)
             return
         self._wait_recovered()
-        self._handle_event(data)
+        if event is not None:
+            self._handle_event(event)
 
-    def _wait_failed(self, exc: pynvml.NVMLError) -> None:
-        code = int(exc.value)
-        if self._first_time("wait", code):
-            log.warning("waiting for NVML events failed: %s (NVML error %d); retrying", exc, code)
+    def _wait_failed(self, failure: NvmlFailure) -> None:
+        if self._first_time("wait", failure.code):
+            log.warning("waiting for NVML events failed: %s; retrying", failure)
         self._wait_failing = True
-        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        if failure.gpu_is_lost:
             newly_lost = self._urgent_liveness_check(self._clock())
             if newly_lost & self._registered:
                 # A lost GPU cannot be taken out of an event set, and may keep failing the wait.
@@ -324,37 +273,29 @@ class HealthMonitor:
             self._logged_errors = {k for k in self._logged_errors if k[0] != "wait"}
         self._backoff_s = self._initial_backoff_s
 
-    def _handle_event(self, data: Any) -> None:
-        self._processed += 1
+    def _handle_event(self, event: HealthEvent) -> None:
         now = self._clock()
-        try:
-            uuid = _text(self._nv.nvmlDeviceGetUUID(data.device))
-        except pynvml.NVMLError as exc:
-            if self._first_time("event-uuid", int(exc.value)):
-                log.warning(
-                    "cannot tell which GPU an NVML event came from: %s (NVML error %d); checking all GPUs",
-                    exc,
-                    exc.value,
-                )
+        if event.gpu_uuid is None:
+            failure = event.uuid_failure
+            if self._first_time("event-uuid", failure.code if failure else 0):
+                log.warning("cannot tell which GPU an NVML event came from: %s; checking all GPUs", failure)
             self._urgent_liveness_check(now)
             return
-        gpu = self._by_uuid.get(uuid)
+        gpu = self._inventory.gpu(event.gpu_uuid)
         if gpu is None:
-            if len(self._logged_errors) < 1024 and self._first_time("unknown-device", uuid):
-                log.info("ignoring NVML events from %s: not in this plugin's inventory", uuid)
+            if len(self._logged_errors) < 1024 and self._first_time("unknown-device", event.gpu_uuid):
+                log.info("ignoring NVML events from %s: not in this plugin's inventory", event.gpu_uuid)
             return
-        event_type = int(data.eventType)
-        if event_type & pynvml.nvmlEventTypeDoubleBitEccError:
+        if event.kind == "double-bit-ecc":
             self._fault(gpu, gpu.uuid, REASON_DOUBLE_BIT_ECC, None, now)
-        elif event_type & pynvml.nvmlEventTypeXidCriticalError:
-            xid = int(data.eventData)
-            if self._on_xid is not None:
-                self._on_xid(gpu.uuid, xid, self._policy.is_critical(xid))
-            if not self._policy.is_critical(xid):
-                self._ignored.record(now, self._labels[gpu.uuid], xid)
+        elif event.kind == "xid" and event.xid is not None:
+            critical = self._policy.is_critical(event.xid)
+            self._events.xid_seen(gpu.uuid, event.xid, critical)
+            if not critical:
+                self._ignored.record(now, describe(self._inventory, gpu.uuid), event.xid)
                 return
-            for uuid in attribute_xid(gpu, int(data.gpuInstanceId), int(data.computeInstanceId)):
-                self._fault(gpu, uuid, xid_reason(xid), xid, now)
+            for uuid in attribute_xid(gpu, event.gpu_instance_id, event.compute_instance_id):
+                self._fault(gpu, uuid, xid_reason(event.xid), event.xid, now)
 
     # ---- marking and recovery ---------------------------------------------------------------------
 
@@ -370,7 +311,7 @@ class HealthMonitor:
             fault.was_lost = fault.was_lost or lost
         if self._registry.mark(HealthChange(uuid=uuid, healthy=False, reason=reason, xid=xid)):
             # DEBUG: the registry's subscriber (the daemon) logs the one line, with the resources affected.
-            log.debug("%s is unhealthy: %s", self._labels[uuid], reason)
+            log.debug("%s is unhealthy: %s", describe(self._inventory, uuid), reason)
 
     def _recover(self, now: float) -> None:
         grace = self._policy.recovery.grace_period_seconds
@@ -384,7 +325,7 @@ class HealthMonitor:
             if self._registry.mark(HealthChange(uuid=uuid, healthy=True, reason="recovered")):
                 log.debug(
                     "%s is healthy again: no critical event for %gs and NVML reads it",
-                    self._labels[uuid],
+                    describe(self._inventory, uuid),
                     grace,
                 )
             if fault.was_lost:
@@ -414,33 +355,16 @@ class HealthMonitor:
                     after = f"healthy after {self._policy.recovery.grace_period_seconds:g}s without faults"
                 else:
                     after = "unhealthy, as health.recovery is off"
-                log.info("%s is readable again; it stays %s", self._labels[gpu.uuid], after)
+                log.info("%s is readable again; it stays %s", describe(self._inventory, gpu.uuid), after)
         return newly_lost
 
-    def _probe(self, uuid: str, gpu: Gpu) -> Probe:
+    def _probe(self, uuid: str, gpu: Gpu) -> ProbeState:
         """Whether NVML can read the device now (a MIG device through its parent GPU)."""
-        nv = self._nv
-        try:
-            handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            if _text(nv.nvmlDeviceGetUUID(handle)) != gpu.uuid:
-                return "lost"
-            try:
-                nv.nvmlDeviceGetMemoryInfo(handle)
-            except pynvml.NVMLError as exc:
-                if exc.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
-                    raise
-            mig = _mig(gpu, uuid)
-            if mig is not None:
-                mig_handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig.index)
-                if _text(nv.nvmlDeviceGetUUID(mig_handle)) != mig.uuid:
-                    return "lost"
-        except pynvml.NVMLError as exc:
-            if exc.value in LOST_ERRORS:
-                return "lost"
-            if self._first_time("probe", int(exc.value)):
-                log.warning("cannot check %s: %s (NVML error %d)", self._labels[uuid], exc, exc.value)
-            return "unknown"
-        return "ok"
+        mig = self._inventory.mig_device(uuid)
+        result = nvml_events.probe(self._nv, gpu.uuid, (mig.index, mig.uuid) if mig is not None else None)
+        if result.failure is not None and self._first_time("probe", result.failure.code):
+            log.warning("cannot check %s: %s", describe(self._inventory, uuid), result.failure)
+        return result.state
 
     # ---- the event set ----------------------------------------------------------------------------
 
@@ -460,13 +384,12 @@ class HealthMonitor:
                 )
             return
         try:
-            new_set = self._nv.nvmlEventSetCreate()
-        except pynvml.NVMLError as exc:
-            if self._first_time("create", int(exc.value)):
+            new_set = nvml_events.create_event_set(self._nv)
+        except NvmlFailure as failure:
+            if self._first_time("create", failure.code):
                 log.warning(
-                    "cannot create an NVML event set: %s (NVML error %d); %s",
-                    exc,
-                    exc.value,
+                    "cannot create an NVML event set: %s; %s",
+                    failure,
                     "keeping the old one"
                     if self._event_set is not None
                     else f"XIDs will not be seen, only lost GPUs (checked every {self._poll_interval_s:g}s)",
@@ -477,25 +400,22 @@ class HealthMonitor:
         for gpu in self._inventory.gpus:
             fault = self._faults.get(gpu.uuid)
             if fault is None or not fault.lost:
-                self._register(gpu)
+                self._register(gpu, new_set)
         if old_set is not None:
-            self._drain(old_set)
+            for event in nvml_events.drain_events(self._nv, old_set, _DRAIN_LIMIT):
+                self._handle_event(event)
             self._free(old_set)
 
-    def _register(self, gpu: Gpu) -> None:
-        nv = self._nv
+    def _register(self, gpu: Gpu, event_set: EventSetHandle) -> None:
         try:
-            handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
-            mask = int(nv.nvmlDeviceGetSupportedEventTypes(handle)) & self._wanted_events
-            if mask:
-                nv.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
-        except pynvml.NVMLError as exc:
-            if exc.value in LOST_ERRORS:
+            mask = nvml_events.register_gpu(self._nv, event_set, gpu.uuid, self._wanted_events)
+        except NvmlFailure as failure:
+            if failure.means_lost:
                 self._fault(gpu, gpu.uuid, REASON_LOST, None, self._clock(), lost=True)
-            elif exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            elif failure.not_supported:
                 self._report_polled(gpu, "it supports no health events")
             else:
-                self._report_polled(gpu, f"registering for events failed: {exc} (NVML error {exc.value})")
+                self._report_polled(gpu, f"registering for events failed: {failure}")
             return
         if not mask:
             self._report_polled(gpu, "it supports no health events")
@@ -507,48 +427,19 @@ class HealthMonitor:
             self._reported_polled.add(gpu.uuid)
             log.warning(
                 "%s: XIDs cannot be watched (%s); only checking it is readable every %gs",
-                self._labels[gpu.uuid],
+                describe(self._inventory, gpu.uuid),
                 why,
                 self._poll_interval_s,
             )
 
-    def _drain(self, event_set: Any) -> None:
-        for _ in range(_DRAIN_LIMIT):
-            try:
-                data = self._nv.nvmlEventSetWait_v2(event_set, 0)
-            except pynvml.NVMLError:
-                return
-            self._handle_event(data)
-
-    def _free(self, event_set: Any) -> None:
+    def _free(self, event_set: EventSetHandle) -> None:
         try:
-            self._nv.nvmlEventSetFree(event_set)
-        except pynvml.NVMLError as exc:
-            log.warning("freeing an NVML event set failed: %s (NVML error %d)", exc, exc.value)
+            nvml_events.free_event_set(self._nv, event_set)
+        except NvmlFailure as failure:
+            log.warning("freeing an NVML event set failed: %s", failure)
 
     def _first_time(self, kind: str, key: int | str) -> bool:
         if (kind, key) in self._logged_errors:
             return False
         self._logged_errors.add((kind, key))
         return True
-
-
-def _labels(inventory: Inventory) -> dict[str, str]:
-    """How log lines name each device: its index and UUID."""
-    labels: dict[str, str] = {}
-    for gpu in inventory.gpus:
-        labels[gpu.uuid] = f"GPU {gpu.index} ({gpu.uuid})"
-        for mig in gpu.mig_devices:
-            labels[mig.uuid] = f"MIG device {gpu.index}:{mig.index} ({mig.uuid})"
-    return labels
-
-
-def _mig(gpu: Gpu, uuid: str) -> MigDevice | None:
-    for mig in gpu.mig_devices:
-        if mig.uuid == uuid:
-            return mig
-    return None
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

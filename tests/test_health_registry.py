@@ -2,8 +2,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
+from nvidia_device_plugin.allocation import AllocationSettings, allocate
+from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health_state import HealthRegistry
+from nvidia_device_plugin.health.registry import HealthRegistry, UnhealthyIds
 from nvidia_device_plugin.resources import ResourcePlan, replica_id
 
 from builders import gpu_device, mig_device
@@ -61,6 +65,27 @@ def test_an_unhealthy_mig_device_affects_only_itself_and_its_replicas() -> None:
     registry.mark(HealthChange(MIG0_1, healthy=False, reason="XID 94", xid=94))
     assert unhealthy_ids(registry) == {replica_id(MIG0_1, r) for r in range(3)}
     assert registry.is_healthy(gpu_device(GPU0, 0))
+
+
+def test_a_fixed_set_of_unhealthy_uuids_follows_the_same_rule_as_the_registry() -> None:
+    registry = HealthRegistry()
+    for uuid in (GPU0, MIG0_1):
+        registry.mark(HealthChange(uuid, healthy=False, reason="XID 79", xid=79))
+    fixed = UnhealthyIds(frozenset({GPU0, MIG0_1}))
+    devices = [d for plan in plans() for d in plan.devices]
+    assert [fixed.is_healthy(d) for d in devices] == [registry.is_healthy(d) for d in devices]
+
+
+def test_allocate_asks_the_registry() -> None:
+    registry = HealthRegistry()
+    mig_plan = plans()[0]
+    request = [[replica_id(MIG0_0, 1)]]
+    assert allocate(mig_plan, request, AllocationSettings(), unhealthy=registry).container_responses
+    registry.mark(HealthChange(GPU0, healthy=False, reason="XID 79", xid=79))  # its GPU goes down
+    with pytest.raises(AllocationError, match=rf"device '{replica_id(MIG0_0, 1)}' is unhealthy"):
+        allocate(mig_plan, request, AllocationSettings(), unhealthy=registry)
+    registry.mark(HealthChange(GPU0, healthy=True, reason="recovered"))
+    assert allocate(mig_plan, request, AllocationSettings(), unhealthy=registry).container_responses
 
 
 def test_gpu_reason_wins_over_its_mig_devices_reason() -> None:

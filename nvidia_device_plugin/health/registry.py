@@ -1,16 +1,20 @@
 """Which physical devices are unhealthy right now, and who wants to hear when that changes.
 
 The registry keys health by physical UUID (a GPU UUID or a MIG UUID), never by advertised ID: replicas
-share the fate of the device behind them, and a GPU takes every MIG device on it down with it. The
-propagation rule therefore lives in `is_healthy` (look at the device and at the GPU it sits on), not in
-fan-out at mark time, so it holds for any ResourcePlan built later from the same inventory.
+share the fate of the device behind them, and a GPU takes every MIG device on it down with it. That
+rule lives in one place, `health_dependencies` (the device and the GPU it sits on), applied when the
+question is asked, not fanned out at mark time, so it holds for any ResourcePlan built later from the
+same inventory. Everything that asks "is this advertised device usable" (the device lists kubelet sees,
+Allocate, metrics) asks a `DeviceHealth`: the registry, or `UnhealthyIds` for a fixed set.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.resources import AdvertisedDevice
@@ -19,6 +23,31 @@ log = logging.getLogger(__name__)
 
 
 HealthListener = Callable[[HealthChange], None]
+
+
+def health_dependencies(device: AdvertisedDevice) -> tuple[str, str]:
+    """The physical UUIDs whose failure takes `device` down: its own (GPU or MIG), then its GPU's."""
+    return device.physical_uuid, device.gpu_uuid
+
+
+@runtime_checkable
+class DeviceHealth(Protocol):
+    """Answers whether an advertised device is healthy now."""
+
+    def is_healthy(self, device: AdvertisedDevice) -> bool: ...
+
+
+@dataclass(frozen=True)
+class UnhealthyIds:
+    """A fixed DeviceHealth: devices whose advertised ID or health dependency is in `ids` are down.
+
+    `ids` only needs to answer `in`, so a lazy view works too.
+    """
+
+    ids: Container[str]
+
+    def is_healthy(self, device: AdvertisedDevice) -> bool:
+        return device.id not in self.ids and not any(u in self.ids for u in health_dependencies(device))
 
 
 class HealthRegistry:
@@ -67,14 +96,16 @@ class HealthRegistry:
             return dict(self._unhealthy)
 
     def is_healthy(self, device: AdvertisedDevice) -> bool:
-        with self._state_lock:
-            return device.physical_uuid not in self._unhealthy and device.gpu_uuid not in self._unhealthy
+        return self.reason(device) is None
 
     def reason(self, device: AdvertisedDevice) -> str | None:
         """Why `device` is unhealthy (its GPU's reason first, as that is the wider failure), else None."""
         with self._state_lock:
-            gpu_reason = self._unhealthy.get(device.gpu_uuid)
-            return gpu_reason if gpu_reason is not None else self._unhealthy.get(device.physical_uuid)
+            for uuid in reversed(health_dependencies(device)):
+                reason = self._unhealthy.get(uuid)
+                if reason is not None:
+                    return reason
+        return None
 
     def subscribe(self, listener: HealthListener) -> Callable[[], None]:
         """Call `listener` on every change from now on; returns a function that unsubscribes (idempotent)."""

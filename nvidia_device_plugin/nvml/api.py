@@ -1,0 +1,102 @@
+"""The pynvml API as this plugin uses it: every function product code calls, typed.
+
+`NvmlApi` is satisfied by the real `pynvml` module (untyped, so mypy takes it as is; tests/test_simulator.py
+checks each member against pynvml's signatures at run time) and by `SimulatedNvml` (checked by mypy where
+the session is built). A product call of an nvml function not declared here fails a test: declare it here
+first, then implement it in the simulator.
+
+pynvml hands back ctypes pointers for handles and ctypes structures for results. Handles are opaque to
+us, so they are NewTypes over `object` (code can pass them on, nothing else); structures are Protocols
+naming only the fields we read.
+"""
+
+from __future__ import annotations
+
+from typing import NewType, Protocol
+
+DeviceHandle = NewType("DeviceHandle", object)  # pynvml.c_nvmlDevice_t: a GPU or a MIG device
+EventSetHandle = NewType("EventSetHandle", object)  # pynvml.c_nvmlEventSet_t
+
+
+class MemoryInfo(Protocol):
+    """pynvml.c_nvmlMemory_t: bytes of device memory."""
+
+    total: int
+    free: int
+    used: int
+
+
+class PciInfo(Protocol):
+    """pynvml.nvmlPciInfo_t; busId is NVML's form, "00000000:07:00.0" (bytes from ctypes)."""
+
+    busId: bytes | str
+
+
+class DeviceAttributes(Protocol):
+    """pynvml.c_nvmlDeviceAttributes, as read for a MIG device."""
+
+    gpuInstanceSliceCount: int
+    computeInstanceSliceCount: int
+    multiprocessorCount: int
+    memorySizeMB: int
+
+
+class EventData(Protocol):
+    """pynvml.c_nvmlEventData_t: one event read from an event set."""
+
+    device: DeviceHandle
+    eventType: int
+    eventData: int  # the XID, for XID events
+    gpuInstanceId: int  # 0xFFFFFFFF when not tied to a MIG instance
+    computeInstanceId: int
+
+
+class NvmlApi(Protocol):
+    """The pynvml functions the plugin calls, with pynvml's names, parameters and results.
+
+    Every function raises pynvml.NVMLError (a subclass per code) on failure.
+    """
+
+    # ---- library
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str: ...
+    def nvmlSystemGetCudaDriverVersion(self) -> int: ...
+
+    # ---- devices
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> DeviceHandle: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> DeviceHandle: ...
+    def nvmlDeviceGetUUID(self, handle: DeviceHandle) -> str: ...
+    def nvmlDeviceGetName(self, handle: DeviceHandle) -> str: ...
+    def nvmlDeviceGetMinorNumber(self, handle: DeviceHandle) -> int: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: DeviceHandle, version: int | None = None) -> MemoryInfo: ...
+    def nvmlDeviceGetPciInfo(self, handle: DeviceHandle) -> PciInfo: ...
+
+    # ---- MIG
+    def nvmlDeviceGetMigMode(self, device: DeviceHandle) -> list[int]: ...  # [current, pending]
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: DeviceHandle) -> int: ...
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: DeviceHandle, index: int) -> DeviceHandle: ...
+    def nvmlDeviceGetAttributes(self, device: DeviceHandle) -> DeviceAttributes: ...
+    def nvmlDeviceGetGpuInstanceId(self, device: DeviceHandle) -> int: ...
+    def nvmlDeviceGetComputeInstanceId(self, device: DeviceHandle) -> int: ...
+
+    # ---- topology
+    def nvmlDeviceGetNvLinkState(self, device: DeviceHandle, link: int) -> int: ...
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: DeviceHandle, link: int) -> PciInfo: ...
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: DeviceHandle, link: int) -> int: ...
+    def nvmlDeviceGetTopologyCommonAncestor(self, device1: DeviceHandle, device2: DeviceHandle) -> int: ...
+
+    # ---- events
+    def nvmlDeviceGetSupportedEventTypes(self, handle: DeviceHandle) -> int: ...
+    def nvmlEventSetCreate(self) -> EventSetHandle: ...
+    def nvmlDeviceRegisterEvents(
+        self, handle: DeviceHandle, eventTypes: int, eventSet: EventSetHandle
+    ) -> None: ...
+    def nvmlEventSetWait_v2(self, eventSet: EventSetHandle, timeoutms: int) -> EventData: ...
+    def nvmlEventSetFree(self, eventSet: EventSetHandle) -> None: ...
+
+
+def api_functions() -> list[str]:
+    """Names of the pynvml functions NvmlApi declares."""
+    return sorted(name for name in vars(NvmlApi) if name.startswith("nvml"))

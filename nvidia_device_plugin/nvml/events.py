@@ -1,0 +1,196 @@
+"""NVML event sets and liveness probes, for the health monitor (which never imports pynvml itself).
+
+Everything here is a thin, typed step over one or two NvmlApi calls: create / register / wait / drain /
+free an event set, decode an event, probe whether a device is readable. NVML errors come out as
+`NvmlFailure`, classified the way the monitor needs (lost, not supported, GPU is lost).
+
+Stopping promptly: real nvmlEventSetWait cannot be interrupted, and freeing the set or shutting NVML
+down under a waiting thread is unsafe, so a monitor on a real node waits out its timeout (500 ms) when it
+stops. An API object may offer `interrupt_event_wait(event_set)` (the simulator does): `interrupt_wait`
+uses it to make the current or next wait on that set return at once, as a timeout would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import pynvml
+
+from nvidia_device_plugin.nvml.api import EventData, EventSetHandle, NvmlApi
+
+NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
+# health.eventTypes names -> the NVML event bits that can change health. Single-bit ECC errors are
+# corrected by the hardware, so that name is accepted (NVIDIA's default list has it) but never registered.
+EVENT_TYPE_BITS = {
+    "EventTypeXidCriticalError": int(pynvml.nvmlEventTypeXidCriticalError),
+    "EventTypeDoubleBitEccError": int(pynvml.nvmlEventTypeDoubleBitEccError),
+    "EventTypeSingleBitEccError": 0,
+}
+# A probe failing with these means the GPU is gone: fallen off the bus, or no longer listed by the driver.
+_LOST_CODES = frozenset(
+    {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_NOT_FOUND}
+)
+
+
+def event_mask(event_types: Iterable[str]) -> int:
+    """The NVML event bits to register for these health.eventTypes names (unknown names add nothing)."""
+    mask = 0
+    for name in event_types:
+        mask |= EVENT_TYPE_BITS.get(name, 0)
+    return mask
+
+
+class NvmlFailure(Exception):
+    """An NVML call of the health monitor failed; `code` is NVML's return code."""
+
+    def __init__(self, exc: pynvml.NVMLError) -> None:
+        self.code = int(exc.value)
+        super().__init__(f"{exc} (NVML error {self.code})")
+
+    @property
+    def means_lost(self) -> bool:
+        """The device is gone (GPU_IS_LOST, UNKNOWN, or NOT_FOUND: the driver no longer lists it)."""
+        return self.code in _LOST_CODES
+
+    @property
+    def gpu_is_lost(self) -> bool:
+        return bool(self.code == pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    @property
+    def not_supported(self) -> bool:
+        return bool(self.code == pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+EventKind = Literal["xid", "double-bit-ecc", "other"]
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """One event read from an event set."""
+
+    gpu_uuid: str | None  # None when NVML cannot say which GPU raised it (see uuid_failure)
+    kind: EventKind
+    xid: int | None = None  # for kind "xid"
+    gpu_instance_id: int | None = None  # None: not tied to a MIG GPU instance
+    compute_instance_id: int | None = None
+    uuid_failure: NvmlFailure | None = field(default=None, compare=False)
+
+
+ProbeState = Literal["ok", "lost", "unknown"]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Whether NVML reads a device now; `failure` says why when the state is "unknown"."""
+
+    state: ProbeState
+    failure: NvmlFailure | None = field(default=None, compare=False)
+
+
+@runtime_checkable
+class InterruptibleWait(Protocol):
+    """The optional capability `interrupt_wait` uses (the simulator has it; pynvml does not)."""
+
+    def interrupt_event_wait(self, eventSet: EventSetHandle) -> None: ...
+
+
+def create_event_set(nv: NvmlApi) -> EventSetHandle:
+    try:
+        return nv.nvmlEventSetCreate()
+    except pynvml.NVMLError as exc:
+        raise NvmlFailure(exc) from exc
+
+
+def register_gpu(nv: NvmlApi, event_set: EventSetHandle, gpu_uuid: str, wanted: int) -> int:
+    """Register `gpu_uuid` for the `wanted` events it supports; returns those bits (0: it supports none)."""
+    try:
+        handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        mask = int(nv.nvmlDeviceGetSupportedEventTypes(handle)) & wanted
+        if mask:
+            nv.nvmlDeviceRegisterEvents(handle, mask, event_set)
+    except pynvml.NVMLError as exc:
+        raise NvmlFailure(exc) from exc
+    return mask
+
+
+def wait_event(nv: NvmlApi, event_set: EventSetHandle, timeout_ms: int) -> HealthEvent | None:
+    """The next event, or None when `timeout_ms` passed (or the wait was interrupted) without one."""
+    try:
+        data = nv.nvmlEventSetWait_v2(event_set, timeout_ms)
+    except pynvml.NVMLError as exc:
+        if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+            return None
+        raise NvmlFailure(exc) from exc
+    return _decode(nv, data)
+
+
+def drain_events(nv: NvmlApi, event_set: EventSetHandle, limit: int) -> Iterator[HealthEvent]:
+    """Events already queued on `event_set`, at most `limit`; ends at the first empty read or error."""
+    for _ in range(limit):
+        try:
+            data = nv.nvmlEventSetWait_v2(event_set, 0)
+        except pynvml.NVMLError:
+            return
+        yield _decode(nv, data)
+
+
+def free_event_set(nv: NvmlApi, event_set: EventSetHandle) -> None:
+    try:
+        nv.nvmlEventSetFree(event_set)
+    except pynvml.NVMLError as exc:
+        raise NvmlFailure(exc) from exc
+
+
+def interrupt_wait(nv: NvmlApi, event_set: EventSetHandle) -> bool:
+    """Make the current or next wait on `event_set` return now, where the API can; False where it cannot."""
+    if not isinstance(nv, InterruptibleWait):
+        return False
+    nv.interrupt_event_wait(event_set)
+    return True
+
+
+def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Probe:
+    """Whether NVML reads the GPU now (handle by UUID, its UUID, its memory info), and the MIG device
+    (index, UUID) on it when given."""
+    try:
+        handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        if nv.nvmlDeviceGetUUID(handle) != gpu_uuid:
+            return Probe("lost")
+        try:
+            nv.nvmlDeviceGetMemoryInfo(handle)
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
+                raise
+        if mig is not None:
+            mig_index, mig_uuid = mig
+            if nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)) != mig_uuid:
+                return Probe("lost")
+    except pynvml.NVMLError as exc:
+        failure = NvmlFailure(exc)
+        return Probe("lost") if failure.means_lost else Probe("unknown", failure)
+    return Probe("ok")
+
+
+def _decode(nv: NvmlApi, data: EventData) -> HealthEvent:
+    event_type = int(data.eventType)
+    gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+    try:
+        uuid: str | None = nv.nvmlDeviceGetUUID(data.device)
+        failure = None
+    except pynvml.NVMLError as exc:
+        uuid, failure = None, NvmlFailure(exc)
+    # Double-bit ECC first: an event with both bits is the wider failure.
+    if event_type & EVENT_TYPE_BITS["EventTypeDoubleBitEccError"]:
+        return HealthEvent(uuid, "double-bit-ecc", uuid_failure=failure)
+    if event_type & EVENT_TYPE_BITS["EventTypeXidCriticalError"]:
+        return HealthEvent(
+            uuid,
+            "xid",
+            xid=int(data.eventData),
+            gpu_instance_id=None if gi == NOT_ATTRIBUTED else gi,
+            compute_instance_id=None if ci == NOT_ATTRIBUTED else ci,
+            uuid_failure=failure,
+        )
+    return HealthEvent(uuid, "other", uuid_failure=failure)

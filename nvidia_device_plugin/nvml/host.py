@@ -1,0 +1,20 @@
+"""Where the host's kernel interfaces are: sysfs (NUMA nodes), procfs (MIG capabilities), /dev (nodes).
+
+An NVML session carries them, so a simulated node brings its own throwaway tree and everything that
+reads the host (discovery, Allocate's device specs) reads the same node NVML describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    sysfs_root: Path  # holds bus/pci/devices/<bus id>/numa_node
+    proc_root: Path  # holds driver/nvidia/capabilities/... and driver/nvidia-caps/mig-minors
+    dev_root: Path  # the root under which dev/nvidiactl, dev/nvidia<minor>, dev/nvidia-caps/ are
+
+
+REAL_HOST = HostPaths(sysfs_root=Path("/sys"), proc_root=Path("/proc"), dev_root=Path("/"))
