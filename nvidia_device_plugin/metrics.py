@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import CallError, Events, HealthChange
+from nvidia_device_plugin.health.policy import known_xid
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.plugin.manager import PluginManager
 from nvidia_device_plugin.resources import ResourcePlan
@@ -112,7 +113,8 @@ class DaemonMetrics(Events):
         )
         self.xids = Counter(
             PREFIX + "xid_events",
-            "XID events from NVML, by GPU and XID; critical=true when the event made a device unhealthy.",
+            "XID events from NVML, by GPU and XID (known XIDs by number, others as xid=\"other\"); "
+            "critical=true when the event made a device unhealthy.",
             ["gpu_uuid", "xid", "critical"],
             registry=registry,
         )
@@ -191,7 +193,10 @@ class DaemonMetrics(Events):
         self.reloads.labels("applied" if applied else "rejected").inc()
 
     def xid_seen(self, gpu_uuid: str, xid: int, critical: bool) -> None:
-        self.xids.labels(gpu_uuid, str(xid), "true" if critical else "false").inc()
+        # Known XIDs by number, the rest as "other": a GPU that reports ever-new values cannot grow the
+        # series without bound (gpu_uuid is bounded by the inventory: the monitor drops foreign GPUs).
+        label = str(xid) if known_xid(xid) else "other"
+        self.xids.labels(gpu_uuid, label, "true" if critical else "false").inc()
 
     def health_changed(self, change: HealthChange) -> None:
         self.health_changes.labels("healthy" if change.healthy else "unhealthy").inc()

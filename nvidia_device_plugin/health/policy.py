@@ -38,6 +38,11 @@ _XID_NAMES = {
 }
 
 
+def known_xid(xid: int) -> bool:
+    """Whether `xid` is one this plugin names (the catalogue above): metrics label only those by number."""
+    return xid in _XID_NAMES
+
+
 def xid_reason(xid: int) -> str:
     """The reason string recorded for a critical XID, e.g. "XID 79 (GPU has fallen off the bus)"."""
     name = _XID_NAMES.get(xid)
