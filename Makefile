@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit proto bench soak image clean
+.PHONY: demo test lint typecheck unit proto bench soak image image-multiarch clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +37,25 @@ bench: $(STAMP)
 soak: $(STAMP)
 	NVDP_SOAK=1 $(BIN)/pytest -m soak -p no:cacheprovider --timeout 3600 tests
 
+# Image builds. IMAGE: the repository to tag (and, for image-multiarch, push to); BASE_DIGEST: the digest the
+# Dockerfile's base is pinned to, recorded in the org.opencontainers.image.base.digest label.
+IMAGE ?= nvidia-device-plugin-py
+PLATFORMS ?= linux/amd64,linux/arm64
+BASE_DIGEST ?=
+VERSION = $$(sed -n 's/^__version__ = "\(.*\)"/\1/p' nvidia_device_plugin/__init__.py)
+REVISION = $$(git rev-parse HEAD 2>/dev/null || echo unknown)
+SOURCE = $$(git remote get-url origin 2>/dev/null || echo "")
+IMAGE_ARGS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
+	--build-arg BASE_DIGEST=$(BASE_DIGEST)
+
+# One image for this machine's architecture, into the local Docker engine (classic builder or BuildKit).
 image:
-	V=$$(sed -n 's/^__version__ = "\(.*\)"/\1/p' nvidia_device_plugin/__init__.py); \
-		docker build --build-arg VERSION=$$V -t nvidia-device-plugin-py:$$V .
+	docker build $(IMAGE_ARGS) -t $(IMAGE):$(VERSION) .
+
+# amd64 and arm64 (GH200/GB200 nodes) in one manifest list, pushed to $(IMAGE): a multi-platform image cannot
+# be loaded into a local engine. Needs `docker buildx` and, for the other architecture, QEMU binfmt handlers.
+image-multiarch:
+	docker buildx build --platform $(PLATFORMS) $(IMAGE_ARGS) -t $(IMAGE):$(VERSION) --push .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,171 @@
+"""The node's label from the Kubernetes API: one list, then a watch from the list's resourceVersion.
+
+Only this module imports the `kubernetes` client, and only the config-manager process imports this module:
+the device plugin itself never talks to the API, least of all on the Allocate path.
+
+Both requests are `list nodes` with `fieldSelector=metadata.name=<node>` (the second with `watch=true`), so
+the ClusterRole needs `list` and `watch` on `nodes` and nothing else. The watch is read as raw JSON lines
+rather than through `kubernetes.watch.Watch`, because the caller has to tell three endings apart: the server
+closing the stream (reconnect from the last resourceVersion seen), `410 Gone` (that version is too old:
+list again), and any other failure (back off, then list again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes import client as kube_client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from nvidia_device_plugin.errors import DevicePluginError
+
+HTTP_GONE = 410
+# Asked of the server, which ends each watch after this long; the client then reconnects, which also bounds
+# how long a half-open connection (a vanished API server) can go unnoticed.
+WATCH_SECONDS = 300
+_CONNECT_TIMEOUT_SECONDS = 10
+# A read may wait a whole watch period for the next event; the margin covers a slow server.
+_READ_TIMEOUT_SECONDS = WATCH_SECONDS + 30
+
+
+class NodeApiError(DevicePluginError):
+    """The API server refused or failed a request (the message says which and why)."""
+
+
+class WatchExpired(NodeApiError):
+    """410 Gone: the resourceVersion the watch started from is no longer served; list again."""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    # "" when the node does not carry the label; None after a watch BOOKMARK, which carries only a version
+    label_value: str | None
+    resource_version: str
+
+
+def api_client_from_environment() -> Any:
+    """In a pod: the service account. Elsewhere: $KUBECONFIG or ~/.kube/config (as kubectl)."""
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        else:
+            kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+    except (kube_config.ConfigException, OSError) as exc:
+        raise NodeApiError(f"no Kubernetes API credentials: {exc}") from exc
+    return kube_client.ApiClient()
+
+
+def api_client_for(host: str) -> Any:
+    """A client for an API server at `host` without credentials (tests, `kubectl proxy`)."""
+    configuration = kube_client.Configuration()
+    configuration.host = host
+    return kube_client.ApiClient(configuration)
+
+
+def _labels(node: Any) -> dict[str, str]:
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def _describe(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "").get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        message = ""
+    return f"HTTP {exc.status} {exc.reason}" + (f": {message}" if message else "")
+
+
+class NodeLabelReader:
+    """Reads one label of one node; `list_state()` once, then `watch(from_version)` over and over."""
+
+    def __init__(self, api_client: Any, node_name: str, label: str) -> None:
+        self._api = kube_client.CoreV1Api(api_client)
+        self._node_name = node_name
+        self._label = label
+        self._selector = f"metadata.name={node_name}"
+
+    def list_state(self) -> NodeState:
+        try:
+            response: Any = self._api.list_node(
+                field_selector=self._selector,
+                _preload_content=False,
+                _request_timeout=(_CONNECT_TIMEOUT_SECONDS, _CONNECT_TIMEOUT_SECONDS * 3),
+            )
+            body = json.loads(response.data)
+        except ApiException as exc:
+            raise NodeApiError(f"listing node {self._node_name} failed: {_describe(exc)}") from exc
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            raise NodeApiError(f"listing node {self._node_name} failed: {exc}") from exc
+        items = body.get("items") or []
+        if not items:
+            raise NodeApiError(f"node {self._node_name} does not exist (check NODE_NAME)")
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return NodeState(_labels(items[0]).get(self._label, ""), version)
+
+    def watch(self, from_version: str) -> Iterator[NodeState]:
+        """The node's state after each change, until the server ends the stream (then return)."""
+        try:
+            # _preload_content=False: the urllib3 response itself, streamed (the annotation says V1NodeList).
+            stream: Any = self._api.list_node(
+                field_selector=self._selector,
+                watch=True,
+                resource_version=from_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS,
+                _preload_content=False,
+                _request_timeout=(_CONNECT_TIMEOUT_SECONDS, _READ_TIMEOUT_SECONDS),
+            )
+        except ApiException as exc:
+            if exc.status == HTTP_GONE:
+                raise WatchExpired(f"watch from resourceVersion {from_version}: {_describe(exc)}") from exc
+            raise NodeApiError(f"watching node {self._node_name} failed: {_describe(exc)}") from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise NodeApiError(f"watching node {self._node_name} failed: {exc}") from exc
+        try:
+            yield from self._events(stream, from_version)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise NodeApiError(f"watch of node {self._node_name} broke off: {exc}") from exc
+        finally:
+            stream.release_conn()
+
+    def _events(self, response: Any, version: str) -> Iterator[NodeState]:
+        for line in _lines(response):
+            try:
+                event = json.loads(line)
+                kind = event["type"]
+                obj = event["object"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise NodeApiError(
+                    f"watch of node {self._node_name} sent a malformed event: {line[:200]!r}"
+                ) from exc
+            if kind == "ERROR":
+                code = obj.get("code") if isinstance(obj, dict) else None
+                message = obj.get("message", "") if isinstance(obj, dict) else ""
+                if code == HTTP_GONE:
+                    raise WatchExpired(f"watch from resourceVersion {version}: {message or 'Gone'}")
+                raise NodeApiError(f"watch of node {self._node_name} failed: {code} {message}".rstrip())
+            version = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or version)
+            if kind == "BOOKMARK":
+                yield NodeState(None, version)
+            elif kind == "DELETED":
+                raise NodeApiError(f"node {self._node_name} was deleted")
+            else:  # ADDED, MODIFIED
+                yield NodeState(_labels(obj).get(self._label, ""), version)
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The stream's newline-separated lines, however the server chunked them."""
+    pending = b""
+    # read1, not stream(): stream(n) waits for n bytes, and an event may be the only bytes for minutes.
+    while chunk := response.read1(65536):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        yield from (line for line in complete if line.strip())
+    if pending.strip():
+        yield pending

@@ -1,0 +1,123 @@
+"""config-manager's settings: NVIDIA's flags and environment variables, with the same names and defaults.
+
+Each setting is a flag with an environment variable behind it (flag > env > default), as in NVIDIA's
+config-manager, so the GPU Operator's and NVIDIA's Helm chart's pod specs work unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvidia_device_plugin.configmanager.selection import (
+    DEFAULT_FALLBACK_STRATEGIES,
+    ConfigSelectionError,
+    FallbackStrategy,
+    parse_fallback_strategies,
+)
+
+DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
+DEFAULT_PROCESS_TO_SIGNAL = "nvidia-device-plugin"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+class SettingsError(ConfigSelectionError):
+    """A flag or environment variable has a value config-manager cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_name: str
+    node_label: str
+    config_file_srcdir: Path
+    config_file_dst: Path
+    default_config: str
+    fallback_strategies: tuple[FallbackStrategy, ...]
+    oneshot: bool
+    send_signal: bool
+    signal: int
+    process_to_signal: str
+
+
+def parse_bool(name: str, text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise SettingsError(f"{name} must be true or false, got {text!r}")
+
+
+def parse_signal(text: str) -> int:
+    """`1`, `HUP` or `SIGHUP` -> 1 (NVIDIA passes the number)."""
+    word = text.strip().upper()
+    if word.isdigit():
+        number = int(word)
+        if number in {s.value for s in signal.Signals}:
+            return number
+    else:
+        name = word if word.startswith("SIG") else f"SIG{word}"
+        if name in signal.Signals.__members__:
+            return int(signal.Signals[name])
+    raise SettingsError(f"SIGNAL must be a signal number or name such as 1 or SIGHUP, got {text!r}")
+
+
+def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="config-manager",
+        description="Point the device plugin's config file at the config its node's label names, "
+        "and keep it pointed there while the label changes.",
+    )
+
+    def option(flag: str, env: str, default: str, help_text: str) -> None:
+        parser.add_argument(
+            f"--{flag}", dest=env, default=environ.get(env, default), help=f"{help_text} [env {env}]"
+        )
+
+    option("node-name", "NODE_NAME", "", "the node whose label is read (required)")
+    option("node-label", "NODE_LABEL", DEFAULT_NODE_LABEL, "the label naming the config")
+    option("config-file-srcdir", "CONFIG_FILE_SRCDIR", "", "directory holding one file per config (required)")
+    option("config-file-dst", "CONFIG_FILE_DST", "", "the symlink the plugin reads (required)")
+    option("default-config", "DEFAULT_CONFIG", "", "config used when the node has no label")
+    option(
+        "fallback-strategies",
+        "FALLBACK_STRATEGIES",
+        ",".join(s.value for s in DEFAULT_FALLBACK_STRATEGIES),
+        "what to use without label and default: named, single, empty, in order",
+    )
+    option("oneshot", "ONESHOT", "false", "set the link once and exit (the init container)")
+    option("send-signal", "SEND_SIGNAL", "false", "signal the plugin after each change (unneeded here)")
+    option("signal", "SIGNAL", "1", "the signal to send (default 1, SIGHUP)")
+    option("process-to-signal", "PROCESS_TO_SIGNAL", DEFAULT_PROCESS_TO_SIGNAL, "the process to signal")
+    return parser
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    values = vars(_parser(environ).parse_args(list(argv)))
+    for required in ("NODE_NAME", "CONFIG_FILE_SRCDIR", "CONFIG_FILE_DST"):
+        if not values[required].strip():
+            flag = "--" + required.lower().replace("_", "-")
+            raise SettingsError(f"{required} (or {flag}) must be set")
+    node_label = values["NODE_LABEL"].strip()
+    if not node_label:
+        raise SettingsError("NODE_LABEL must not be empty")
+    try:
+        strategies = parse_fallback_strategies(values["FALLBACK_STRATEGIES"])
+    except ConfigSelectionError as exc:
+        raise SettingsError(str(exc)) from None
+    return Settings(
+        node_name=values["NODE_NAME"].strip(),
+        node_label=node_label,
+        config_file_srcdir=Path(values["CONFIG_FILE_SRCDIR"]),
+        config_file_dst=Path(values["CONFIG_FILE_DST"]),
+        default_config=values["DEFAULT_CONFIG"].strip(),
+        fallback_strategies=strategies,
+        oneshot=parse_bool("ONESHOT", values["ONESHOT"]),
+        send_signal=parse_bool("SEND_SIGNAL", values["SEND_SIGNAL"]),
+        signal=parse_signal(values["SIGNAL"]),
+        process_to_signal=values["PROCESS_TO_SIGNAL"].strip() or DEFAULT_PROCESS_TO_SIGNAL,
+    )

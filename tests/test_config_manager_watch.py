@@ -1,0 +1,313 @@
+"""config-manager against a stand-in API server speaking the node list and watch API over real HTTP.
+
+The stand-in (127.0.0.1 only) answers `GET /api/v1/nodes?fieldSelector=metadata.name=<node>` with a NodeList,
+and the same with `watch=true` with a stream of JSON lines (`{"type": "MODIFIED", "object": <Node>}`) that the
+test feeds: label changes, a stream end (the client reconnects from the last resourceVersion), and an ERROR
+event with a 410 Status (the client lists again). Every loop here is bounded and every server stops.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from nvidia_device_plugin.configmanager.manager import ConfigManager
+from nvidia_device_plugin.configmanager.nodewatch import api_client_for
+from nvidia_device_plugin.configmanager.settings import parse_settings
+
+NODE = "gpu-node-1"
+LABEL = "nvidia.com/device-plugin.config"
+_CLOSE = object()  # fed to the watch queue: end the current stream
+
+
+class FakeApiServer:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.version = 100
+        self.node: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE, "uid": "3f1c", "resourceVersion": "100", "labels": dict(labels)},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        self.requests: list[dict[str, list[str]]] = []  # query of each request, in order
+        self.feed: queue.Queue[object] = queue.Queue()
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-apiserver")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def set_label(self, value: str | None, announce: bool = True) -> None:
+        """Change the node; `announce` sends the MODIFIED event to the watch (False: the event is lost)."""
+        with self.lock:
+            self.version += 1
+            labels = self.node["metadata"]["labels"]
+            if value is None:
+                labels.pop(LABEL, None)
+            else:
+                labels[LABEL] = value
+            self.node["metadata"]["resourceVersion"] = str(self.version)
+            event = {"type": "MODIFIED", "object": copy.deepcopy(self.node)}
+        if announce:
+            self.feed.put(event)
+
+    def expire_watch(self) -> None:
+        self.feed.put(
+            {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": "too old resource version: 100 (105)",
+                    "reason": "Expired",
+                    "code": 410,
+                },
+            }
+        )
+
+    def lists(self) -> list[dict[str, list[str]]]:
+        return [q for q in list(self.requests) if q.get("watch") != ["true"]]
+
+    def watches(self) -> list[dict[str, list[str]]]:
+        return [q for q in list(self.requests) if q.get("watch") == ["true"]]
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                query = parse_qs(url.query)
+                fake.requests.append(query)
+                if url.path != "/api/v1/nodes" or query.get("fieldSelector") != [f"metadata.name={NODE}"]:
+                    self._send(404, {"kind": "Status", "code": 404, "message": f"unexpected {self.path}"})
+                elif query.get("watch") == ["true"]:
+                    self._stream()
+                else:
+                    with fake.lock:
+                        body = {
+                            "kind": "NodeList",
+                            "apiVersion": "v1",
+                            "metadata": {"resourceVersion": str(fake.version)},
+                            "items": [copy.deepcopy(fake.node)],
+                        }
+                    self._send(200, body)
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")  # as the API server streams a watch
+                self.end_headers()
+                self.close_connection = True
+                try:
+                    while not fake.stopping.is_set():
+                        try:
+                            item = fake.feed.get(timeout=0.05)
+                        except queue.Empty:
+                            continue
+                        if item is _CLOSE:
+                            return
+                        line = json.dumps(item).encode() + b"\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                        self.wfile.flush()
+                        if isinstance(item, dict) and item["type"] == "ERROR":
+                            return  # the API server ends the stream after an ERROR event
+                finally:
+                    self.wfile.write(b"0\r\n\r\n")
+
+        return Handler
+
+    def __enter__(self) -> FakeApiServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def _configs(tmp_path: Path, names: list[str]) -> Path:
+    srcdir = tmp_path / "available-configs"
+    srcdir.mkdir()
+    for name in names:
+        (srcdir / name).write_text(f"# {name}\nversion: v1\n")
+    return srcdir
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(1500):  # a safety net against a hang, not a performance bound
+        if condition():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"gave up waiting for {what}")
+
+
+def _target(dst: Path) -> str | None:
+    return os.readlink(dst) if dst.is_symlink() else None
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Callable[..., tuple[FakeApiServer, Path, Path]]]:
+    """Start a fake server and a ConfigManager following it in a thread; both are stopped afterwards."""
+    started: list[tuple[FakeApiServer, threading.Event, threading.Thread]] = []
+
+    def start(labels: dict[str, str], names: list[str], **env: str) -> tuple[FakeApiServer, Path, Path]:
+        srcdir = _configs(tmp_path, names)
+        dst = tmp_path / "config" / "config.yaml"
+        dst.parent.mkdir()
+        settings = parse_settings(
+            [], {"NODE_NAME": NODE, "CONFIG_FILE_SRCDIR": str(srcdir), "CONFIG_FILE_DST": str(dst), **env}
+        )
+        server = FakeApiServer(labels).__enter__()
+        stop = threading.Event()
+        manager = ConfigManager(settings, api_client_for(server.url))
+        thread = threading.Thread(target=manager.run, args=(stop,), name="config-manager")
+        thread.start()
+        started.append((server, stop, thread))
+        return server, srcdir, dst
+
+    yield start
+    for server, stop, thread in started:
+        stop.set()
+        server.__exit__()  # ends the open watch stream, so the manager's read returns
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the config-manager loop did not stop"
+
+
+def test_label_change_repoints_the_link(running: Any) -> None:
+    server, srcdir, dst = running({LABEL: "time-slicing"}, ["time-slicing", "mig-mixed"])
+    _wait_for(lambda: _target(dst) == str(srcdir / "time-slicing"), "the first link")
+    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    assert server.watches()[0]["resourceVersion"] == ["100"], "the watch must start where the list ended"
+    server.set_label("mig-mixed")
+    _wait_for(lambda: _target(dst) == str(srcdir / "mig-mixed"), "the link to follow the label")
+    server.set_label(None)  # label removed, no DEFAULT_CONFIG, named,single: nothing fits -> link kept
+    server.set_label("time-slicing")
+    _wait_for(lambda: _target(dst) == str(srcdir / "time-slicing"), "the link to follow the label back")
+
+
+def test_watch_reconnects_from_the_last_resource_version(running: Any) -> None:
+    server, srcdir, dst = running({LABEL: "a"}, ["a", "b", "c"])
+    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    server.set_label("b")
+    _wait_for(lambda: _target(dst) == str(srcdir / "b"), "label b")
+    server.feed.put(_CLOSE)  # as an API server does after timeoutSeconds
+    _wait_for(lambda: len(server.watches()) == 2, "a second watch")
+    assert server.watches()[1]["resourceVersion"] == ["101"]
+    assert len(server.lists()) == 1, "a plain stream end needs no new list"
+    server.set_label("c")
+    _wait_for(lambda: _target(dst) == str(srcdir / "c"), "label c over the new watch")
+
+
+def test_410_gone_relists_and_catches_up(running: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    server, srcdir, dst = running({LABEL: "a"}, ["a", "b"])
+    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    server.set_label("b", announce=False)  # a change the watch missed: only a new list can see it
+    server.expire_watch()
+    _wait_for(lambda: _target(dst) == str(srcdir / "b"), "the relisted label")
+    assert len(server.lists()) == 2
+    _wait_for(lambda: len(server.watches()) == 2, "a watch from the new list")
+    assert server.watches()[1]["resourceVersion"] == ["101"]
+    assert "expired" in caplog.text
+
+
+def test_missing_config_name_keeps_the_previous_link(running: Any, caplog: pytest.LogCaptureFixture) -> None:
+    server, srcdir, dst = running({LABEL: "a"}, ["a", "b"])
+    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    server.set_label("typo")
+    server.set_label("b")
+    _wait_for(lambda: _target(dst) == str(srcdir / "b"), "the next good label")
+    assert f"{LABEL}=typo names no config (available: a, b)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("env", "names", "expected"),
+    [
+        ({}, ["default", "x"], "default"),  # named
+        ({}, ["only"], "only"),  # single
+        ({"FALLBACK_STRATEGIES": "empty"}, ["x", "y"], None),  # empty: an empty regular file
+        ({"DEFAULT_CONFIG": "y"}, ["x", "y"], "y"),
+    ],
+)
+def test_unlabelled_node_uses_default_and_fallbacks(
+    running: Any, env: dict[str, str], names: list[str], expected: str | None
+) -> None:
+    server, srcdir, dst = running({}, names, **env)
+    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    if expected is None:
+        assert dst.is_file() and not dst.is_symlink() and dst.read_bytes() == b""
+    else:
+        assert _target(dst) == str(srcdir / expected)
+
+
+def test_oneshot_command_links_once_and_exits(tmp_path: Path) -> None:
+    """The console script as the init container runs it: ONESHOT, credentials from $KUBECONFIG."""
+    srcdir = _configs(tmp_path, ["a", "b"])
+    dst = tmp_path / "config.yaml"
+    with FakeApiServer({LABEL: "b"}) as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
+                    "users": [{"name": "nobody", "user": {}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "nobody"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        env = {
+            "PATH": os.environ["PATH"],
+            "KUBECONFIG": str(kubeconfig),
+            "NODE_NAME": NODE,
+            "CONFIG_FILE_SRCDIR": str(srcdir),
+            "CONFIG_FILE_DST": str(dst),
+            "ONESHOT": "true",
+        }
+        command = [str(Path(sys.executable).parent / "config-manager")]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert _target(dst) == str(srcdir / "b")
+        assert server.watches() == [], "ONESHOT must not watch"
+        server.set_label("missing", announce=False)
+        failed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert failed.returncode == 1
+    assert f"{LABEL}=missing names no config (available: a, b)" in failed.stderr
+    assert _target(dst) == str(srcdir / "b"), "a failed ONESHOT must leave the link alone"
