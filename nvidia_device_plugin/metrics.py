@@ -113,7 +113,7 @@ class DaemonMetrics(Events):
         )
         self.xids = Counter(
             PREFIX + "xid_events",
-            "XID events from NVML, by GPU and XID (known XIDs by number, others as xid=\"other\"); "
+            'XID events from NVML, by GPU and XID (known XIDs by number, others as xid="other"); '
             "critical=true when the event made a device unhealthy.",
             ["gpu_uuid", "xid", "critical"],
             registry=registry,
