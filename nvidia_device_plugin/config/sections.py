@@ -39,6 +39,7 @@ from nvidia_device_plugin.config.v1 import (
     SHARED_SUFFIX,
     VERSION,
     Config,
+    DeviceListStrategies,
     DeviceListStrategy,
     Flags,
     Health,
@@ -153,9 +154,7 @@ def _parse_plugin_flags(s: Section) -> PluginFlags:
     )
 
 
-def _device_list_strategy(
-    s: Section, default: tuple[DeviceListStrategy, ...]
-) -> tuple[DeviceListStrategy, ...]:
+def _device_list_strategy(s: Section, default: DeviceListStrategies) -> DeviceListStrategies:
     key = "deviceListStrategy"
     value = s.raw(key)
     path = s.path_of(key)
@@ -167,13 +166,14 @@ def _device_list_strategy(
         items = [(f"{path}[{i}]", item) for i, item in enumerate(value)]
     else:
         fail_type(path, "a string or a list of strings", value)
-    if not items:
-        fail(path, f"name at least one strategy ({', '.join(DEVICE_LIST_STRATEGIES)})")
     strategies: list[DeviceListStrategy] = []
     for item_path, item in items:
         hint = " (write several strategies as a YAML list)" if isinstance(item, str) and "," in item else ""
         strategies.append(choose(item_path, item, DEVICE_LIST_STRATEGIES, hint))
-    return tuple(dict.fromkeys(strategies))
+    if not strategies:
+        fail(path, f"name at least one strategy ({', '.join(DEVICE_LIST_STRATEGIES)})")
+    first, *rest = dict.fromkeys(strategies)  # in order, each once
+    return (first, *rest)
 
 
 def _check_gfd_flags(s: Section) -> None:

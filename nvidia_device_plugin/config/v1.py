@@ -16,6 +16,8 @@ SHARED_SUFFIX = ".shared"
 
 MigStrategy = Literal["none", "single", "mixed"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+# Several strategies may be combined; at least one is always given.
+DeviceListStrategies = tuple[DeviceListStrategy, *tuple[DeviceListStrategy, ...]]
 DeviceIdStrategy = Literal["uuid", "index"]
 # NVIDIA's flags.deviceDiscoveryStrategy: accepted and checked, but discovery is always NVML here.
 DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
@@ -41,7 +43,7 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 @dataclass(frozen=True)
 class PluginFlags:
     pass_device_specs: bool = False
-    device_list_strategy: tuple[DeviceListStrategy, ...] = ("envvar",)
+    device_list_strategy: DeviceListStrategies = ("envvar",)
     device_id_strategy: DeviceIdStrategy = "uuid"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
