@@ -13,6 +13,11 @@ directory may not exist yet when the watch starts (the volume mounts later), may
 old inode's watch goes dead), the kernel's event queue may overflow, and some filesystems (NFS, FUSE) deliver
 no events at all. Hashing a small file every few seconds costs nothing next to missing a reconfiguration.
 
+The watcher thread must outlive anything the filesystem does: a config that cannot be found or read (an
+unreadable ConfigMap directory, a FIFO, a file too big) is part of the fingerprint, so it is noticed as a
+change and again when it is readable again; any other failure of a look is logged once per distinct reason
+and the next look goes on.
+
 Start the watcher before the first load: a change between the load and `start()` would otherwise be missed.
 """
 
@@ -27,6 +32,7 @@ from types import TracebackType
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
+from nvidia_device_plugin.config.document import read_config_bytes
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
@@ -37,21 +43,37 @@ logger = logging.getLogger(__name__)
 _READ_ONLY_EVENTS = frozenset({"opened", "closed_no_write"})
 
 Fingerprint = tuple[str, str] | None  # (path resolved to, content hash), None when there is no file
+_UNRESOLVED = "<unresolved>"  # in place of the path when the source names no readable file
 
 
 def fingerprint(source: ConfigSource) -> Fingerprint:
-    """What the source names now: the path it resolves to and a hash of that file's bytes."""
+    """What the source names now: the path it resolves to and a hash of that file's bytes.
+
+    A source that cannot be resolved or read has the error as its fingerprint: a later fix is a change.
+    The read is the loader's own (bounded, never blocking), so a FIFO cannot hang the watcher.
+    """
     try:
         path = source.resolve()
-    except ConfigError:
-        return ("<unresolved>", "")  # neither candidate exists; one appearing later is a change
+    except ConfigError as exc:
+        return (_UNRESOLVED, str(exc))
     if path is None:
         return None
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return (str(path), f"<unreadable: {exc.strerror or exc}>")
+        data = read_config_bytes(path)
+    except ConfigError as exc:
+        return (str(path), f"<unreadable: {exc}>")
     return (str(path), hashlib.sha256(data).hexdigest())
+
+
+def _describe(current: Fingerprint, source: ConfigSource) -> str:
+    if current is None:
+        return source.describe()
+    where, content = current
+    if where == _UNRESOLVED:
+        return f"{source.describe()} ({content})"
+    if content.startswith("<"):  # a hash never does
+        return f"{where} {content}"
+    return where
 
 
 class _Wake(FileSystemEventHandler):
@@ -85,6 +107,7 @@ class ConfigWatcher:
         self._observer: BaseObserver | None = None
         self._observer_failed = False
         self._worker: threading.Thread | None = None
+        self._failing: str | None = None  # the reason the last look failed, logged once
 
     @property
     def checks_done(self) -> int:
@@ -172,8 +195,25 @@ class ConfigWatcher:
                 self._settle()
                 if self._stop.is_set():
                     break
+            self._look()
+
+    def _look(self) -> None:
+        """One look, which may fail for any reason without ending the thread (logged once per reason)."""
+        try:
             self._ensure_observer()
             self._check()
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if reason != self._failing:
+                logger.exception(
+                    "config watcher: looking at %s failed; will look again", self._source.describe()
+                )
+            self._failing = reason
+            self._stop.wait(min(self._poll_interval, 1.0))  # no busy loop if events keep coming
+            return
+        if self._failing is not None:
+            logger.info("config watcher: looking at %s works again", self._source.describe())
+            self._failing = None
 
     def _settle(self) -> None:
         """Wait until events have been quiet for the debounce period (bounded: a flood cannot starve us)."""
@@ -187,7 +227,7 @@ class ConfigWatcher:
         current = fingerprint(self._source)
         if current != self._last:
             self._last = current
-            logger.info("config changed: %s", current[0] if current else self._source.describe())
+            logger.info("config changed: %s", _describe(current, self._source))
             try:
                 self._on_change()
             except Exception:
