@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from test_config_reading import without_file_permission_override
 
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.watch import ConfigWatcher, fingerprint
-from test_config_reading import without_file_permission_override
 
 WAIT = 20.0  # generous bound for a loaded CI machine; tests normally finish in well under a second
 NEVER = 3600.0  # poll interval that keeps the periodic check out of event-driven tests
