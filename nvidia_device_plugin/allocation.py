@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
-from nvidia_device_plugin.config.v1 import DEVICE_ID_STRATEGIES, DEVICE_LIST_STRATEGIES, Config
+from nvidia_device_plugin.config.v1 import Config, DeviceIdStrategy, DeviceListStrategies
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
-from nvidia_device_plugin.errors import AllocationError, ConfigError
+from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.health.registry import DeviceHealth, UnhealthyIds
 from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
@@ -59,10 +59,13 @@ _RESPONSE_ID_NAMESPACE = uuid.UUID("6f1c2f0e-6a43-4f4e-9d0a-3b1f2c9f7d10")
 
 @dataclass(frozen=True)
 class AllocationSettings:
-    """The config fields that shape an Allocate response (defaults are NVIDIA's)."""
+    """The config fields that shape an Allocate response (defaults are NVIDIA's).
 
-    device_list_strategy: tuple[str, ...] = ("envvar",)
-    device_id_strategy: str = "uuid"
+    The strategies were validated by the config loader; their Literal types keep other callers honest.
+    """
+
+    device_list_strategy: DeviceListStrategies = ("envvar",)
+    device_id_strategy: DeviceIdStrategy = "uuid"
     pass_device_specs: bool = False
     nvidia_dev_root: str = "/"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
@@ -73,30 +76,12 @@ class AllocationSettings:
     proc_root: str = "/proc"  # where the MIG capability files are read
     device_node_probe_root: str = "/"  # where the optional control nodes are looked for
 
-    def __post_init__(self) -> None:
-        if not self.device_list_strategy:
-            raise ConfigError(
-                "flags.plugin.deviceListStrategy must name at least one of "
-                f"{', '.join(DEVICE_LIST_STRATEGIES)}"
-            )
-        for i, strategy in enumerate(self.device_list_strategy):
-            if strategy not in DEVICE_LIST_STRATEGIES:
-                raise ConfigError(
-                    f"flags.plugin.deviceListStrategy[{i}] must be one of "
-                    f"{', '.join(DEVICE_LIST_STRATEGIES)}, got {strategy!r}"
-                )
-        if self.device_id_strategy not in DEVICE_ID_STRATEGIES:
-            raise ConfigError(
-                f"flags.plugin.deviceIDStrategy must be one of {', '.join(DEVICE_ID_STRATEGIES)}, "
-                f"got {self.device_id_strategy!r}"
-            )
-
     @classmethod
     def from_config(cls, config: Config, host: HostPaths = REAL_HOST) -> AllocationSettings:
         """The settings `config` asks for, reading the node's kernel interfaces under `host`."""
         flags = config.flags
         return cls(
-            device_list_strategy=tuple(flags.plugin.device_list_strategy),
+            device_list_strategy=flags.plugin.device_list_strategy,
             device_id_strategy=flags.plugin.device_id_strategy,
             pass_device_specs=flags.plugin.pass_device_specs,
             nvidia_dev_root=flags.nvidia_dev_root,

@@ -54,15 +54,16 @@ from functools import lru_cache
 from typing import Literal
 
 from nvidia_device_plugin.config.v1 import (
-    MIG_STRATEGIES,
     RESOURCE_PREFIX,
     SHARED_SUFFIX,
     Config,
+    MigStrategy,
     ReplicatedDevices,
     ReplicatedResource,
     ResourcePattern,
     Resources,
     Sharing,
+    SharingMode,
 )
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import ConfigError, InventoryError
@@ -107,7 +108,7 @@ class ResourcePlan:
 
     name: str  # fully qualified, e.g. "nvidia.com/gpu" or "nvidia.com/mig-1g.10gb"
     devices: tuple[AdvertisedDevice, ...]
-    sharing: Literal["none", "time-slicing", "mps"] = "none"
+    sharing: SharingMode = "none"
     replicas: int = 1  # replicas per physical device when shared
     fail_requests_greater_than_one: bool = False
 
@@ -127,8 +128,6 @@ class ResourcePlan:
 
 DEFAULT_GPU_RESOURCE = f"{RESOURCE_PREFIX}/gpu"
 
-SharingMode = Literal["none", "time-slicing", "mps"]
-_SHARING_MODES: dict[str, SharingMode] = {"none": "none", "time-slicing": "time-slicing", "mps": "mps"}
 
 _COMPUTE_INSTANCE_PREFIX = re.compile(r"^\d+c\.")
 _GPU_INDEX_REF = re.compile(r"^\d+$")
@@ -162,9 +161,7 @@ def build_resources(inventory: Inventory, config: Config) -> tuple[ResourcePlan,
     Raises InventoryError when the node cannot be advertised as configured (MIG layout vs strategy, MPS
     on MIG) and ConfigError when the config does not resolve on this node (device refs, counts, names).
     """
-    strategy = config.flags.mig_strategy
-    if strategy not in MIG_STRATEGIES:
-        raise ConfigError(f"flags.migStrategy must be one of {', '.join(MIG_STRATEGIES)}; got {strategy!r}")
+    strategy = config.flags.mig_strategy  # validated by the config loader
     gpus = sorted(inventory.gpus, key=lambda gpu: gpu.index)
     _check_identities(gpus)
     _check_mig_layout(gpus, strategy)
@@ -196,7 +193,7 @@ def _check_identities(gpus: Sequence[Gpu]) -> None:
                 raise InventoryError(f"UUID {uuid} is reported for both {seen} and {desc}")
 
 
-def _check_mig_layout(gpus: Sequence[Gpu], strategy: str) -> None:
+def _check_mig_layout(gpus: Sequence[Gpu], strategy: MigStrategy) -> None:
     if strategy == "none":
         return
     enabled = [gpu for gpu in gpus if gpu.mig_enabled]
@@ -237,7 +234,7 @@ def _check_mig_layout(gpus: Sequence[Gpu], strategy: str) -> None:
 
 
 def _base_resources(
-    gpus: Sequence[Gpu], resources: Resources, strategy: str
+    gpus: Sequence[Gpu], resources: Resources, strategy: MigStrategy
 ) -> dict[str, list[AdvertisedDevice]]:
     base: dict[str, list[AdvertisedDevice]] = {}
     for gpu in gpus:
@@ -251,7 +248,7 @@ def _base_resources(
     return base
 
 
-def _mig_resource_name(profile: str, patterns: Sequence[ResourcePattern], strategy: str) -> str:
+def _mig_resource_name(profile: str, patterns: Sequence[ResourcePattern], strategy: MigStrategy) -> str:
     named = _first_match(patterns, profile)
     if named is not None:
         return named
@@ -321,7 +318,7 @@ class _Target:
 def _apply_sharing(
     base: dict[str, list[AdvertisedDevice]], sharing: Sharing, legacy_mig_uuids: dict[str, str]
 ) -> tuple[ResourcePlan, ...]:
-    mode = _SHARING_MODES[sharing.strategy]
+    mode = sharing.strategy
     active = sharing.active
     section = "sharing.mps" if mode == "mps" else "sharing.timeSlicing"
     entries = active.resources if mode != "none" else ()

@@ -19,7 +19,7 @@ from nvidia_device_plugin.allocation import (
 from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.config.v1 import Config, Flags, PluginFlags
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
-from nvidia_device_plugin.errors import AllocationError, ConfigError
+from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
 
@@ -517,19 +517,3 @@ def test_settings_from_config_take_the_plugin_flags() -> None:
     host = HostPaths(sysfs_root=Path("/s"), proc_root=Path("/p"), dev_root=Path("/d"))
     from_host = AllocationSettings.from_config(Config(), host)
     assert (from_host.proc_root, from_host.device_node_probe_root) == ("/p", "/d")
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"device_list_strategy": ()}, r"flags.plugin.deviceListStrategy must name at least one of"),
-        ({"device_list_strategy": ("envvar", "cdi")}, r"deviceListStrategy\[1\] must be one of .*got 'cdi'"),
-        (
-            {"device_id_strategy": "serial"},
-            r"flags.plugin.deviceIDStrategy must be one of uuid, index, got 'serial'",
-        ),
-    ],
-)
-def test_bad_settings_name_the_flag(overrides: dict[str, object], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        AllocationSettings(**overrides)  # type: ignore[arg-type]

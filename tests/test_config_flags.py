@@ -194,7 +194,7 @@ BAD_VALUES = [
     (
         {"IMEX_CHANNEL_IDS": "zero"},
         (),
-        "env IMEX_CHANNEL_IDS: imex.channelIDs must be a comma-separated list",
+        "env IMEX_CHANNEL_IDS: imex.channelIDs[0] must be an integer channel ID, got 'zero'",
     ),
     ({"IMEX_CHANNEL_IDS": "3"}, (), "env IMEX_CHANNEL_IDS: imex.channelIDs: must be [] or [0]"),
     (

@@ -7,6 +7,7 @@ the event (`checks_done` moves on) and only then looks.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from test_config_reading import without_file_permission_override
 
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.watch import ConfigWatcher, fingerprint
@@ -203,6 +205,55 @@ def test_a_failing_call_back_does_not_stop_the_watcher(tmp_path: Path, started: 
     assert calls.wait_for(2)
 
 
+def test_a_fifo_in_place_of_the_file_neither_hangs_nor_stops_the_watcher(
+    tmp_path: Path, started: list[ConfigWatcher]
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("a: 1\n")
+    calls = Calls()
+    watcher = start(started, ConfigSource.from_file(path), calls)
+    path.unlink()
+    os.mkfifo(path)  # no writer ever opens it: reading it blockingly would hang the watcher for good
+    assert calls.wait_for(1)
+    assert fingerprint(ConfigSource.from_file(path)) == (
+        str(path),
+        f"<unreadable: {path}: is a named pipe (FIFO), not a regular config file>",
+    )
+    path.unlink()
+    path.write_text("a: 2\n")
+    assert calls.wait_for(2)  # the watcher is still there and sees the regular file come back
+    settle(watcher, tmp_path / "unrelated")
+    assert calls.count == 2
+
+
+def test_an_unreadable_configmap_directory_does_not_stop_the_watcher(
+    tmp_path: Path, started: list[ConfigWatcher], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.config.watch")
+    volume = ConfigMapVolume(tmp_path / "configs")
+    volume.publish({"default": "flags: {migStrategy: none}\n"})
+    source = ConfigSource.from_directory(volume.mount, name="a100", default_name="default")
+    calls = Calls()
+    # The watcher's threads inherit the starting thread's (dropped) power to ignore file modes.
+    watcher = without_file_permission_override(
+        lambda: start(started, source, calls, poll_interval_seconds=0.05)
+    )
+    volume.mount.chmod(0)
+    try:
+        assert calls.wait_for(1)  # unreadable is a change: the daemon's reload rejects it and keeps serving
+        seen = watcher.checks_done
+        assert wait_until(lambda: watcher.checks_done > seen + 5)  # several looks at the same failure...
+        denied = [r for r in caplog.records if "Permission denied" in r.getMessage()]
+        assert len(denied) == 1, [r.getMessage() for r in denied]  # ...logged once
+        assert calls.count == 1
+    finally:
+        volume.mount.chmod(0o755)
+    assert calls.wait_for(2)  # readable again: back to the default config
+    volume.publish({"default": "flags: {migStrategy: none}\n", "a100": "flags: {migStrategy: mixed}\n"})
+    assert calls.wait_for(3)  # and later ConfigMap updates are still seen
+    assert source.load().flags.mig_strategy == "mixed"
+
+
 def test_periodic_check_covers_a_directory_that_appears_later(
     tmp_path: Path, started: list[ConfigWatcher]
 ) -> None:
@@ -259,4 +310,4 @@ def test_fingerprint_tracks_path_and_content(tmp_path: Path) -> None:
     assert fingerprint(ConfigSource.from_file(path)) != first
     assert fingerprint(ConfigSource()) is None
     missing = fingerprint(ConfigSource.from_directory(tmp_path, name="x", default_name="y"))
-    assert missing == ("<unresolved>", "")
+    assert missing is not None and missing[0] == "<unresolved>" and "neither" in missing[1]

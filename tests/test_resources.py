@@ -170,12 +170,6 @@ def test_mig_strategy_layout(
         ),
         (mig_without_devices, "single", InventoryError, [f"no MIG devices exist on GPU 1 ({gpu_uuid(1)})"]),
         (mig_without_devices, "mixed", InventoryError, [f"no MIG devices exist on GPU 1 ({gpu_uuid(1)})"]),
-        (
-            dgx_a100,
-            "double",
-            ConfigError,
-            ["flags.migStrategy must be one of none, single, mixed", "'double'"],
-        ),
     ],
 )
 def test_mig_strategy_errors_name_the_gpus(

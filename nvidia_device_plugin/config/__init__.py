@@ -1,1 +1,2 @@
-"""Versioned configuration: types in v1, parsing/validation in loader, flag/env precedence in flags."""
+"""Versioned configuration: types in v1; loader (the public API) over document (reading, decoding), schema
+(known keys) and sections (validation into v1 types); flag/env precedence in flags; source and watch."""

@@ -49,7 +49,7 @@ __all__ = [
     "resolve_config",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 DISABLE_HEALTHCHECKS_ENV = "DP_DISABLE_HEALTHCHECKS"
 ENABLE_HEALTHCHECKS_ENV = "DP_ENABLE_HEALTHCHECKS"
@@ -57,6 +57,7 @@ ENABLE_HEALTHCHECKS_ENV = "DP_ENABLE_HEALTHCHECKS"
 _TRUE = frozenset({"true", "t", "1", "yes"})
 _FALSE = frozenset({"false", "f", "0", "no"})
 _XID = re.compile(r"[0-9]+")
+_INTEGER = re.compile(r"-?[0-9]+")
 
 OptionKind = Literal["str", "bool", "list", "ints"]
 
@@ -256,38 +257,33 @@ def overrides_from(args: argparse.Namespace, environ: Mapping[str, str]) -> dict
         given = getattr(args, option.dest, None)
         if given is not None:
             origin = f"flag {option.flags[0]}"
-            overrides[option.path] = Override(_convert(option, given, origin), origin)
+            overrides[option.path] = Override(_convert(option, given), origin)
             continue
         for name in option.env:
             text = environ.get(name)
             if text is not None and text.strip():
                 origin = f"env {name}"
-                overrides[option.path] = Override(_convert(option, text, origin), origin)
+                overrides[option.path] = Override(_convert(option, text), origin)
                 break
     return overrides
 
 
-def _convert(option: ConfigOption, given: object, origin: str) -> object:
-    """A flag or environment value (a string, or argparse's list) as the config document holds it."""
+def _convert(option: ConfigOption, given: object) -> object:
+    """A flag or environment value (a string, or argparse's list) as the config document would hold it.
+
+    This only translates text; it judges nothing. Text that is not a boolean or an integer stays text, so
+    the config loader, the one validator, reports it against the flag or variable it came from.
+    """
     texts = [str(item) for item in given] if isinstance(given, list) else [str(given)]
     if option.kind == "bool":
         value = parse_bool(texts[-1])
-        if value is None:
-            raise ConfigError(
-                f"{origin}: {option.path} must be a boolean (true/false, 1/0, yes/no), got {texts[-1]!r}"
-            )
-        return value
+        return texts[-1] if value is None else value
     if option.kind == "str":
         return texts[-1].strip()
     parts = [part.strip() for text in texts for part in text.split(",") if part.strip()]
     if option.kind == "list":
         return parts
-    bad = [part for part in parts if not re.fullmatch(r"-?[0-9]+", part)]
-    if bad:
-        raise ConfigError(
-            f"{origin}: {option.path} must be a comma-separated list of integers, got {bad[0]!r}"
-        )
-    return [int(part) for part in parts]
+    return [int(part) if _INTEGER.fullmatch(part) else part for part in parts]
 
 
 def config_source(args: argparse.Namespace, environ: Mapping[str, str]) -> ConfigSource:
@@ -373,5 +369,5 @@ def _xid_selection(value: str, name: str) -> tuple[bool, frozenset[int]]:
         if _XID.fullmatch(token):
             xids.add(int(token))
         else:
-            logger.warning("%s: ignoring %r, which is not an XID", name, token)
+            log.warning("%s: ignoring %r, which is not an XID", name, token)
     return False, frozenset(xids)

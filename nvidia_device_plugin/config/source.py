@@ -4,6 +4,9 @@ A directory source is a ConfigMap with several keys mounted whole (one file per 
 symlink layout): the file called `name` is used when it exists, else the one called `default_name`. The
 choice is made again at every `resolve()`, so a config that appears later (or disappears) is picked up on the
 next reload.
+
+Every failure to find or read the file is a ConfigError (an unreadable directory too), so the daemon's reload
+rejects it like a bad config instead of dying on an OSError.
 """
 
 from __future__ import annotations
@@ -69,8 +72,8 @@ class ConfigSource:
             return None
         candidates = [self.directory / n for n in (self.name, self.default_name) if n]
         for candidate in candidates:
-            if candidate.is_file():
-                return candidate
+            if _exists(candidate):
+                return candidate  # reading it says what is wrong if it is not a regular file
         if len(candidates) == 1:
             raise ConfigError(f"{candidates[0]}: config file not found")
         raise ConfigError(
@@ -96,3 +99,14 @@ class ConfigSource:
         if self.directory is not None:
             return [self.directory]
         return []
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` names something (a dangling symlink does not); ConfigError when that cannot be known."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:  # e.g. the ConfigMap directory is not searchable (EACCES), a symlink loop
+        raise ConfigError(f"{path}: cannot look for the config file: {exc.strerror or exc}") from None
+    return True

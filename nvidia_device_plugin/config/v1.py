@@ -1,22 +1,40 @@
 """Types of the `version: v1` config format (NVIDIA k8s-device-plugin's), with their defaults.
 
-Only plain frozen values live here; parsing and validation are in config.loader.
+Only plain frozen values live here; parsing and validation are in config.loader (config.sections does the
+work). Every mode and strategy is a Literal type, and its tuple of allowed values is derived from that type,
+so the loader's check and mypy's agree: code downstream of the loader trusts these types and checks nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final, Literal, get_args
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
 SHARED_SUFFIX = ".shared"
 
-MIG_STRATEGIES = ("none", "single", "mixed")
-DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
-DEVICE_ID_STRATEGIES = ("uuid", "index")
+MigStrategy = Literal["none", "single", "mixed"]
+DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+# Several strategies may be combined; at least one is always given.
+DeviceListStrategies = tuple[DeviceListStrategy, *tuple[DeviceListStrategy, ...]]
+DeviceIdStrategy = Literal["uuid", "index"]
+# NVIDIA's flags.deviceDiscoveryStrategy: accepted and checked, but discovery is always NVML here.
+DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
+# How a resource's devices are shared, as NVIDIA's plugin decides it from the sharing section.
+SharingMode = Literal["none", "time-slicing", "mps"]
+# NVML event types a health check may watch (NVIDIA's health.eventTypes names).
+HealthEventType = Literal[
+    "EventTypeXidCriticalError", "EventTypeDoubleBitEccError", "EventTypeSingleBitEccError"
+]
 
-# NVML event types a health check may watch (NVIDIA's health.eventTypes names); all three by default.
-HEALTH_EVENT_TYPES = ("EventTypeXidCriticalError", "EventTypeDoubleBitEccError", "EventTypeSingleBitEccError")
+MIG_STRATEGIES: Final[tuple[MigStrategy, ...]] = get_args(MigStrategy)
+DEVICE_LIST_STRATEGIES: Final[tuple[DeviceListStrategy, ...]] = get_args(DeviceListStrategy)
+DEVICE_ID_STRATEGIES: Final[tuple[DeviceIdStrategy, ...]] = get_args(DeviceIdStrategy)
+DEVICE_DISCOVERY_STRATEGIES: Final[tuple[DeviceDiscoveryStrategy, ...]] = get_args(DeviceDiscoveryStrategy)
+SHARING_MODES: Final[tuple[SharingMode, ...]] = get_args(SharingMode)
+# All three are watched by default.
+HEALTH_EVENT_TYPES: Final[tuple[HealthEventType, ...]] = get_args(HealthEventType)
 
 # Application-level XIDs that do not mean the GPU is broken (NVIDIA's plugin skips the same ones).
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
@@ -25,8 +43,8 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 @dataclass(frozen=True)
 class PluginFlags:
     pass_device_specs: bool = False
-    device_list_strategy: tuple[str, ...] = ("envvar",)
-    device_id_strategy: str = "uuid"
+    device_list_strategy: DeviceListStrategies = ("envvar",)
+    device_id_strategy: DeviceIdStrategy = "uuid"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
     container_driver_root: str = "/driver-root"
@@ -34,7 +52,7 @@ class PluginFlags:
 
 @dataclass(frozen=True)
 class Flags:
-    mig_strategy: str = "none"
+    mig_strategy: MigStrategy = "none"
     fail_on_init_error: bool = True
     nvidia_driver_root: str = "/"
     nvidia_dev_root: str = "/"
@@ -89,7 +107,7 @@ class Sharing:
     mps: ReplicatedResources | None = None
 
     @property
-    def strategy(self) -> str:
+    def strategy(self) -> SharingMode:
         """'mps', 'time-slicing' or 'none', as NVIDIA's plugin decides it (MPS wins when both are set)."""
         if self.mps is not None and self.mps.resources:
             return "mps"
@@ -113,7 +131,7 @@ class Recovery:
 @dataclass(frozen=True)
 class Health:
     disabled: bool = False
-    event_types: tuple[str, ...] = HEALTH_EVENT_TYPES
+    event_types: tuple[HealthEventType, ...] = HEALTH_EVENT_TYPES
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     critical_xids: frozenset[int] | None = None  # None: every XID not ignored is critical
     recovery: Recovery = field(default_factory=Recovery)

@@ -13,6 +13,11 @@ directory may not exist yet when the watch starts (the volume mounts later), may
 old inode's watch goes dead), the kernel's event queue may overflow, and some filesystems (NFS, FUSE) deliver
 no events at all. Hashing a small file every few seconds costs nothing next to missing a reconfiguration.
 
+The watcher thread must outlive anything the filesystem does: a config that cannot be found or read (an
+unreadable ConfigMap directory, a FIFO, a file too big) is part of the fingerprint, so it is noticed as a
+change and again when it is readable again; any other failure of a look is logged once per distinct reason
+and the next look goes on.
+
 Start the watcher before the first load: a change between the load and `start()` would otherwise be missed.
 """
 
@@ -27,31 +32,48 @@ from types import TracebackType
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
+from nvidia_device_plugin.config.document import read_config_bytes
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 # Reading the file ourselves produces these; reacting to them would make every look trigger the next one.
 _READ_ONLY_EVENTS = frozenset({"opened", "closed_no_write"})
 
 Fingerprint = tuple[str, str] | None  # (path resolved to, content hash), None when there is no file
+_UNRESOLVED = "<unresolved>"  # in place of the path when the source names no readable file
 
 
 def fingerprint(source: ConfigSource) -> Fingerprint:
-    """What the source names now: the path it resolves to and a hash of that file's bytes."""
+    """What the source names now: the path it resolves to and a hash of that file's bytes.
+
+    A source that cannot be resolved or read has the error as its fingerprint: a later fix is a change.
+    The read is the loader's own (bounded, never blocking), so a FIFO cannot hang the watcher.
+    """
     try:
         path = source.resolve()
-    except ConfigError:
-        return ("<unresolved>", "")  # neither candidate exists; one appearing later is a change
+    except ConfigError as exc:
+        return (_UNRESOLVED, str(exc))
     if path is None:
         return None
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return (str(path), f"<unreadable: {exc.strerror or exc}>")
+        data = read_config_bytes(path)
+    except ConfigError as exc:
+        return (str(path), f"<unreadable: {exc}>")
     return (str(path), hashlib.sha256(data).hexdigest())
+
+
+def _describe(current: Fingerprint, source: ConfigSource) -> str:
+    if current is None:
+        return source.describe()
+    where, content = current
+    if where == _UNRESOLVED:
+        return f"{source.describe()} ({content})"
+    if content.startswith("<"):  # a hash never does
+        return f"{where} {content}"
+    return where
 
 
 class _Wake(FileSystemEventHandler):
@@ -85,6 +107,7 @@ class ConfigWatcher:
         self._observer: BaseObserver | None = None
         self._observer_failed = False
         self._worker: threading.Thread | None = None
+        self._failing: str | None = None  # the reason the last look failed, logged once
 
     @property
     def checks_done(self) -> int:
@@ -104,7 +127,7 @@ class ConfigWatcher:
         self._ensure_observer()
         self._worker = threading.Thread(target=self._run, name="config-watcher", daemon=True)
         self._worker.start()
-        logger.info("watching %s for changes", self._source.describe())
+        log.info("watching %s for changes", self._source.describe())
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop and join every thread (waits up to `timeout` for a running `on_change` to return)."""
@@ -118,7 +141,7 @@ class ConfigWatcher:
         if worker is not None and worker is not threading.current_thread():
             worker.join(timeout)
             if worker.is_alive():
-                logger.warning("config watcher did not stop within %.1fs (on_change still running)", timeout)
+                log.warning("config watcher did not stop within %.1fs (on_change still running)", timeout)
 
     def __enter__(self) -> ConfigWatcher:
         self.start()
@@ -137,7 +160,7 @@ class ConfigWatcher:
             if self._observer is not None:
                 if watching(self._observer):
                     return
-                logger.warning("lost the filesystem watch on %s; re-creating it", self._source.describe())
+                log.warning("lost the filesystem watch on %s; re-creating it", self._source.describe())
                 stop_watching(self._observer, 1.0)
                 self._observer = None
             self._observer = self._start_observer()
@@ -150,7 +173,7 @@ class ConfigWatcher:
             observer = watch_directories(paths, _Wake(self._dirty), "config-watcher-events")
         except OSError as exc:
             if not self._observer_failed:
-                logger.warning(
+                log.warning(
                     "cannot watch %s (%s); checking for changes every %.0fs until it can",
                     ", ".join(str(p) for p in paths),
                     exc.strerror or exc,
@@ -159,7 +182,7 @@ class ConfigWatcher:
             self._observer_failed = True
             return None
         if self._observer_failed:
-            logger.info("watching %s for events again", ", ".join(str(p) for p in paths))
+            log.info("watching %s for events again", ", ".join(str(p) for p in paths))
             self._observer_failed = False
         return observer
 
@@ -172,8 +195,25 @@ class ConfigWatcher:
                 self._settle()
                 if self._stop.is_set():
                     break
+            self._look()
+
+    def _look(self) -> None:
+        """One look, which may fail for any reason without ending the thread (logged once per reason)."""
+        try:
             self._ensure_observer()
             self._check()
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if reason != self._failing:
+                log.exception(
+                    "config watcher: looking at %s failed; will look again", self._source.describe()
+                )
+            self._failing = reason
+            self._stop.wait(min(self._poll_interval, 1.0))  # no busy loop if events keep coming
+            return
+        if self._failing is not None:
+            log.info("config watcher: looking at %s works again", self._source.describe())
+            self._failing = None
 
     def _settle(self) -> None:
         """Wait until events have been quiet for the debounce period (bounded: a flood cannot starve us)."""
@@ -187,9 +227,9 @@ class ConfigWatcher:
         current = fingerprint(self._source)
         if current != self._last:
             self._last = current
-            logger.info("config changed: %s", current[0] if current else self._source.describe())
+            log.info("config changed: %s", _describe(current, self._source))
             try:
                 self._on_change()
             except Exception:
-                logger.exception("config change handler failed")
+                log.exception("config change handler failed")
         self._checks += 1

@@ -1,0 +1,472 @@
+"""The sections of a v1 document (flags, resources, sharing, health, imex) -> the frozen types of config.v1.
+
+Each `parse_*` function takes one `Section` and returns its v1 value, raising `Invalid` with the path of
+the first problem. This is the only place config values are validated: code that receives a `Config`
+trusts it (its modes and strategies are Literal types, so mypy holds callers to them).
+
+Deliberate departures from NVIDIA's behaviour are listed in config.loader.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from nvidia_device_plugin.config.document import Invalid, check_version, fail, fail_type, show
+from nvidia_device_plugin.config.schema import (
+    FLAG_FIELDS,
+    GFD_FIELDS,
+    HEALTH_FIELDS,
+    IMEX_FIELDS,
+    PATTERN_FIELDS,
+    PLUGIN_FIELDS,
+    RECOVERY_FIELDS,
+    REPLICATED_FIELDS,
+    REPLICATED_RESOURCE_FIELDS,
+    RESOURCES_FIELDS,
+    SHARING_FIELDS,
+    TOP_FIELDS,
+    Section,
+    choose,
+)
+from nvidia_device_plugin.config.v1 import (
+    DEVICE_DISCOVERY_STRATEGIES,
+    DEVICE_ID_STRATEGIES,
+    DEVICE_LIST_STRATEGIES,
+    HEALTH_EVENT_TYPES,
+    MIG_STRATEGIES,
+    RESOURCE_PREFIX,
+    SHARED_SUFFIX,
+    VERSION,
+    Config,
+    DeviceListStrategies,
+    DeviceListStrategy,
+    Flags,
+    Health,
+    HealthEventType,
+    Imex,
+    PluginFlags,
+    Recovery,
+    ReplicatedDevices,
+    ReplicatedResource,
+    ReplicatedResources,
+    ResourcePattern,
+    Resources,
+    Sharing,
+)
+
+MAX_RESOURCE_NAME_LENGTH = 63
+# NVIDIA sets no limit; a typo like 100000 would make us advertise millions of device IDs, so we refuse it.
+MAX_REPLICAS = 4096
+IMEX_CHANNEL_CONFIGS = ((), (0,))
+
+_PREFIX = RESOURCE_PREFIX + "/"
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_UUID = r"(?:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9a-fA-F]{32})"
+_GPU_UUID = re.compile(rf"GPU-{_UUID}")
+_MIG_UUID = re.compile(rf"MIG-{_UUID}")
+_MIG_GPU_UUID = re.compile(rf"MIG-GPU-{_UUID}/[0-9]+/[0-9]+")
+_GPU_INDEX = re.compile(r"[0-9]+")
+_MIG_INDEX = re.compile(r"([0-9]+):([0-9]+)")
+_DURATION_PART = re.compile(
+    r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)"
+)  # Go accepts both spellings of micro
+_DURATION_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_MAX_XID = 2**64 - 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The document
+
+
+def parse_document(raw: object) -> Config:
+    doc = Section(raw, "", TOP_FIELDS)
+    check_version(doc.raw("version"))
+    flags = _parse_flags(doc.section("flags", FLAG_FIELDS))
+    resources = _parse_resources(doc.section("resources", RESOURCES_FIELDS))
+    sharing = _parse_sharing(doc.section("sharing", SHARING_FIELDS))
+    health = _parse_health(doc.section("health", HEALTH_FIELDS))
+    imex = _parse_imex(doc.section("imex", IMEX_FIELDS))
+    _check_sharing_against_flags(sharing, flags)
+    return Config(
+        version=VERSION, flags=flags, resources=resources, sharing=sharing, health=health, imex=imex
+    )
+
+
+def _parse_flags(s: Section) -> Flags:
+    d = Flags()
+    driver_root = s.get_str("nvidiaDriverRoot", d.nvidia_driver_root)
+    # As NVIDIA does: the device nodes live under the driver root unless told otherwise.
+    dev_root = s.get_str("nvidiaDevRoot", "") or driver_root
+    s.get_bool("useNodeFeatureAPI", False)  # GFD only
+    # Older NVIDIA releases restarted the plugin on an unhealthy device; health changes are pushed
+    # over ListAndWatch here, so the flag is accepted (old ConfigMaps load) and has nothing to do.
+    s.get_bool("restartOnDeviceUnhealthy", False)
+    s.get_choice(
+        "deviceDiscoveryStrategy", DEVICE_DISCOVERY_STRATEGIES, "auto"
+    )  # discovery is always NVML here
+    prefix = s.get_str("resourceNamePrefix", RESOURCE_PREFIX)
+    if prefix not in ("", RESOURCE_PREFIX):
+        fail(s.path_of("resourceNamePrefix"), f"only {RESOURCE_PREFIX!r} is supported, got {prefix!r}")
+    _check_gfd_flags(s.section("gfd", GFD_FIELDS))
+    return Flags(
+        mig_strategy=s.get_choice("migStrategy", MIG_STRATEGIES, d.mig_strategy),
+        fail_on_init_error=s.get_bool("failOnInitError", d.fail_on_init_error),
+        nvidia_driver_root=driver_root,
+        nvidia_dev_root=dev_root,
+        mps_root=s.get_str("mpsRoot", d.mps_root),
+        gds_enabled=s.get_bool("gdsEnabled", d.gds_enabled),
+        mofed_enabled=s.get_bool("mofedEnabled", d.mofed_enabled),
+        gdrcopy_enabled=s.get_bool("gdrcopyEnabled", d.gdrcopy_enabled),
+        plugin=_parse_plugin_flags(s.section("plugin", PLUGIN_FIELDS)),
+    )
+
+
+def _parse_plugin_flags(s: Section) -> PluginFlags:
+    d = PluginFlags()
+    ctk_path = s.optional_str("nvidiaCTKPath")
+    hook_path = s.optional_str("nvidiaCDIHookPath")
+    if ctk_path is not None and hook_path is not None and ctk_path != hook_path:
+        fail(
+            s.path_of("nvidiaCDIHookPath"),
+            f"{hook_path!r} contradicts {s.path_of('nvidiaCTKPath')} {ctk_path!r} (one setting; give one)",
+        )
+    s.optional_str("kubeletSocket")  # the socket is a command-line matter here
+    feature_flags = s.raw("cdiFeatureFlags")
+    if feature_flags is not None and not isinstance(feature_flags, str):
+        _string_list(feature_flags, s.path_of("cdiFeatureFlags"))
+    return PluginFlags(
+        pass_device_specs=s.get_bool("passDeviceSpecs", d.pass_device_specs),
+        device_list_strategy=_device_list_strategy(s, d.device_list_strategy),
+        device_id_strategy=s.get_choice("deviceIDStrategy", DEVICE_ID_STRATEGIES, d.device_id_strategy),
+        cdi_annotation_prefix=s.get_str("cdiAnnotationPrefix", d.cdi_annotation_prefix),
+        nvidia_ctk_path=ctk_path or hook_path or d.nvidia_ctk_path,
+        container_driver_root=s.get_str("containerDriverRoot", d.container_driver_root),
+    )
+
+
+def _device_list_strategy(s: Section, default: DeviceListStrategies) -> DeviceListStrategies:
+    key = "deviceListStrategy"
+    value = s.raw(key)
+    path = s.path_of(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        items: list[tuple[str, object]] = [(path, value)]
+    elif isinstance(value, list):
+        items = [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+    else:
+        fail_type(path, "a string or a list of strings", value)
+    strategies: list[DeviceListStrategy] = []
+    for item_path, item in items:
+        hint = " (write several strategies as a YAML list)" if isinstance(item, str) and "," in item else ""
+        strategies.append(choose(item_path, item, DEVICE_LIST_STRATEGIES, hint))
+    if not strategies:
+        fail(path, f"name at least one strategy ({', '.join(DEVICE_LIST_STRATEGIES)})")
+    first, *rest = dict.fromkeys(strategies)  # in order, each once
+    return (first, *rest)
+
+
+def _check_gfd_flags(s: Section) -> None:
+    for key in ("oneshot", "noTimestamp", "noCleanupOnExit"):
+        s.get_bool(key, False)
+    for key in ("outputFile", "machineTypeFile"):
+        s.optional_str(key)
+    interval = s.raw("sleepInterval")
+    if interval is None:
+        return
+    # A number is nanoseconds for NVIDIA's Go Duration; we only check that it is one.
+    if isinstance(interval, bool) or not isinstance(interval, (int, float, str)):
+        fail_type(s.path_of("sleepInterval"), "a duration such as '60s'", interval)
+    if isinstance(interval, str) and parse_go_duration(interval) is None:
+        fail_type(s.path_of("sleepInterval"), "a duration such as '60s'", interval)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Resource names and patterns
+
+
+def qualified_name(name: str, path: str) -> str:
+    full = name if name.startswith(_PREFIX) else _PREFIX + name
+    if len(full) > MAX_RESOURCE_NAME_LENGTH:
+        fail(
+            path,
+            f"resource name {full!r} is {len(full)} characters long; the limit is {MAX_RESOURCE_NAME_LENGTH}",
+        )
+    if not _DNS_SUBDOMAIN.fullmatch(full[len(_PREFIX) :]):
+        fail(
+            path,
+            f"{name!r} is not a valid resource name: after {_PREFIX!r} it must be lower-case letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit",
+        )
+    return full
+
+
+def _parse_resources(s: Section) -> Resources:
+    return Resources(gpus=_parse_patterns(s, "gpus"), mig=_parse_patterns(s, "mig"))
+
+
+def _parse_patterns(s: Section, key: str) -> tuple[ResourcePattern, ...]:
+    entries = s.get_list(key) or []
+    patterns: list[ResourcePattern] = []
+    for i, item in enumerate(entries):
+        entry = Section(item, f"{s.path_of(key)}[{i}]", PATTERN_FIELDS)
+        pattern = entry.required_str("pattern")
+        if not pattern:
+            fail(entry.path_of("pattern"), "must not be empty (use '*' to match every device)")
+        name = qualified_name(entry.required_str("name"), entry.path_of("name"))
+        patterns.append(ResourcePattern(pattern=pattern, name=name))
+    return tuple(patterns)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sharing
+
+
+def _parse_sharing(s: Section) -> Sharing:
+    time_slicing = ReplicatedResources()
+    if s.raw("timeSlicing") is not None:
+        time_slicing = _parse_replicated(s.section("timeSlicing", REPLICATED_FIELDS), fail_default=False)
+    mps = None
+    if s.raw("mps") is not None:
+        mps = _parse_replicated(s.section("mps", REPLICATED_FIELDS), fail_default=True)
+    return Sharing(time_slicing=time_slicing, mps=mps)
+
+
+def _parse_replicated(s: Section, fail_default: bool) -> ReplicatedResources:
+    rename_by_default = s.get_bool("renameByDefault", False)
+    fail_requests = s.get_bool("failRequestsGreaterThanOne", fail_default)
+    list_path = s.path_of("resources")
+    entries = s.get_list("resources")
+    if not entries:
+        fail(list_path, f"no resources specified (list at least one resource to share, or remove {s.path})")
+    listed: dict[str, int] = {}  # resource name -> entry index
+    advertised: dict[str, tuple[int, int]] = {}  # advertised name -> (replicas, entry index)
+    resources: list[ReplicatedResource] = []
+    for i, item in enumerate(entries):
+        entry = Section(item, f"{list_path}[{i}]", REPLICATED_RESOURCE_FIELDS)
+        name = qualified_name(entry.required_str("name"), entry.path_of("name"))
+        if name in listed:
+            fail(
+                entry.path_of("name"),
+                f"{name!r} is already listed at {list_path}[{listed[name]}]; list it once",
+            )
+        listed[name] = i
+        replicas = entry.required_int("replicas")
+        replicas_path = entry.path_of("replicas")
+        if replicas < 1:
+            raise Invalid(replicas_path, f"{replicas_path} must be >= 1, got {replicas}")
+        if replicas > MAX_REPLICAS:
+            fail(
+                replicas_path,
+                f"at most {MAX_REPLICAS} replicas per device (each is a device for kubelet to track), "
+                f"got {show(replicas)}",
+            )
+        rename_raw = entry.optional_str("rename")
+        rename = None if rename_raw is None else qualified_name(rename_raw, entry.path_of("rename"))
+        if rename is None and rename_by_default:
+            rename = _default_shared_name(name, entry.path_of("name"))
+        final = rename or name
+        if final in advertised and advertised[final][0] != replicas:
+            other_replicas, other = advertised[final]
+            fail(
+                entry.path_of("replicas"),
+                f"{final!r} is also advertised by {list_path}[{other}] with {other_replicas} replicas; "
+                f"entries advertised under one name need one replica count, got {replicas}",
+            )
+        advertised.setdefault(final, (replicas, i))
+        devices = _parse_devices(entry.raw("devices"), entry.path_of("devices"))
+        resources.append(ReplicatedResource(name=name, replicas=replicas, rename=rename, devices=devices))
+    return ReplicatedResources(
+        rename_by_default=rename_by_default,
+        fail_requests_greater_than_one=fail_requests,
+        resources=tuple(resources),
+    )
+
+
+def _default_shared_name(name: str, path: str) -> str:
+    shared = name + SHARED_SUFFIX
+    if len(shared) > MAX_RESOURCE_NAME_LENGTH:
+        fail(
+            path,
+            f"renameByDefault makes {shared!r}, which is {len(shared)} characters long; the limit is "
+            f"{MAX_RESOURCE_NAME_LENGTH} (give this entry a shorter explicit rename)",
+        )
+    return shared
+
+
+def _parse_devices(value: object, path: str) -> ReplicatedDevices:
+    expected = "'all', a positive device count, or a list of GPU/MIG indices or UUIDs"
+    if value is None or value == "all":
+        return ReplicatedDevices()
+    if isinstance(value, (bool, str)):
+        fail_type(path, expected, value)
+    if isinstance(value, int):
+        if value <= 0:
+            fail(path, f"a device count must be > 0, got {value}")
+        return ReplicatedDevices(all=False, count=value)
+    if isinstance(value, list):
+        if not value:
+            fail(path, "the device list is empty (use 'all' to share every device)")
+        refs = tuple(_device_ref(item, f"{path}[{i}]") for i, item in enumerate(value))
+        return ReplicatedDevices(all=False, refs=tuple(dict.fromkeys(refs)))
+    fail_type(path, expected, value)
+
+
+def _device_ref(value: object, path: str) -> str:
+    """A device reference in the one spelling NVML would report: "3", "3:1", "GPU-<uuid>", "MIG-<uuid>"."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str):
+        if _GPU_INDEX.fullmatch(value):
+            return str(int(value))
+        mig_index = _MIG_INDEX.fullmatch(value)
+        if mig_index:
+            return f"{int(mig_index.group(1))}:{int(mig_index.group(2))}"
+        if _MIG_GPU_UUID.fullmatch(value):
+            return "MIG-GPU-" + value[len("MIG-GPU-") :].lower()
+        if _GPU_UUID.fullmatch(value) or _MIG_UUID.fullmatch(value):
+            return value[:4] + value[4:].lower()
+    fail_type(path, "a GPU index (0), MIG index (0:1), GPU UUID (GPU-...) or MIG UUID (MIG-...)", value)
+
+
+def _check_sharing_against_flags(sharing: Sharing, flags: Flags) -> None:
+    # NVIDIA refuses the same two combinations at start-up.
+    if sharing.strategy != "mps":
+        return
+    if flags.mig_strategy == "mixed":
+        fail("flags.migStrategy", "'mixed' cannot be combined with sharing.mps (MPS shares whole GPUs only)")
+    if not flags.mps_root:
+        fail("flags.mpsRoot", "must not be empty when sharing.mps is configured")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Health and IMEX
+
+
+def _parse_health(s: Section) -> Health:
+    d = Health()
+    event_types: list[HealthEventType] = [
+        choose(f"{s.path_of('eventTypes')}[{i}]", name, HEALTH_EVENT_TYPES)
+        for i, name in enumerate(_string_list(s.raw("eventTypes"), s.path_of("eventTypes")))
+    ]
+    ignored = _xid_list(s.raw("ignoredXIDs"), s.path_of("ignoredXIDs"))
+    critical_raw = s.raw("criticalXIDs")
+    critical_path = s.path_of("criticalXIDs")
+    critical: frozenset[int] | None = None
+    if isinstance(critical_raw, str):
+        if critical_raw.lower() != "all":
+            fail_type(critical_path, "'all' or a list of XIDs", critical_raw)
+    elif critical_raw is not None:
+        if not isinstance(critical_raw, list):
+            fail_type(critical_path, "'all' or a list of XIDs", critical_raw)
+        critical_list = _xid_list(critical_raw, critical_path)
+        conflicts = sorted(set(critical_list) & set(ignored))
+        if conflicts:
+            fail(critical_path, f"XID {conflicts[0]} is also in {s.path_of('ignoredXIDs')}; pick one list")
+        critical = frozenset(critical_list)
+    return Health(
+        disabled=s.get_bool("disabled", d.disabled),
+        event_types=tuple(dict.fromkeys(event_types)) or d.event_types,
+        ignored_xids=frozenset(ignored) or d.ignored_xids,
+        critical_xids=critical,
+        recovery=_parse_recovery(s.section("recovery", RECOVERY_FIELDS)),
+    )
+
+
+def _parse_recovery(s: Section) -> Recovery:
+    d = Recovery()
+    return Recovery(
+        enabled=s.get_bool("enabled", d.enabled),
+        grace_period_seconds=_seconds(s.raw("gracePeriod"), s.path_of("gracePeriod"), d.grace_period_seconds),
+    )
+
+
+def _seconds(value: object, path: str, default: float) -> float:
+    """A number of seconds, or a Go duration string ("5m"); >= 0."""
+    expected = "a number of seconds or a duration such as '5m'"
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        fail_type(path, expected, value)
+    try:
+        seconds = parse_go_duration(value) if isinstance(value, str) else float(value)
+    except OverflowError:  # an integer too large for a float
+        seconds = math.inf
+    if seconds is None or not math.isfinite(seconds):
+        fail_type(path, expected, value)
+    if seconds < 0:
+        fail(path, f"must not be negative, got {show(value)}")
+    return seconds
+
+
+def _xid_list(value: object, path: str) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        fail_type(path, "a list of XIDs (non-negative integers)", value)
+    xids: list[int] = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= _MAX_XID:
+            fail_type(f"{path}[{i}]", "an XID (a non-negative integer)", item)
+        xids.append(item)
+    return xids
+
+
+def _string_list(value: object, path: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        fail_type(path, "a list of strings", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            fail_type(f"{path}[{i}]", "a string", item)
+    return list(value)
+
+
+def _parse_imex(s: Section) -> Imex:
+    path = s.path_of("channelIDs")
+    raw = s.get_list("channelIDs") or []
+    ids: list[int] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, bool) or not isinstance(item, int):
+            fail_type(f"{path}[{i}]", "an integer channel ID", item)
+        ids.append(item)
+    if tuple(ids) not in IMEX_CHANNEL_CONFIGS:
+        fail(path, f"must be [] or [0] (the IMEX channel settings NVIDIA supports), got {show(raw)}")
+    return Imex(channel_ids=tuple(ids), required=s.get_bool("required", False))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Values shared by several sections
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Seconds in a Go duration string ("90s", "1m30s", "1.5h", "300ms"); None when `text` is not one."""
+    sign = 1.0
+    body = text
+    if body[:1] in ("+", "-"):
+        sign = -1.0 if body[0] == "-" else 1.0
+        body = body[1:]
+    if body == "0":
+        return 0.0
+    if not body:
+        return None
+    total = 0.0
+    pos = 0
+    while pos < len(body):
+        match = _DURATION_PART.match(body, pos)
+        if match is None or match.group(1) in ("", "."):
+            return None
+        total += float(match.group(1)) * _DURATION_UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    return sign * total
