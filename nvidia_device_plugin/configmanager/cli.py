@@ -18,7 +18,7 @@ from nvidia_device_plugin.configmanager.manager import ConfigManager
 from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, api_client_from_environment
 from nvidia_device_plugin.configmanager.settings import SettingsError, parse_settings
 
-logger = logging.getLogger("nvidia_device_plugin.configmanager")
+log = logging.getLogger("nvidia_device_plugin.configmanager")
 
 
 class _Terminated(Exception):
@@ -31,12 +31,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, env)
     except SettingsError as exc:
-        logger.error("config-manager: %s", exc)
+        log.error("config-manager: %s", exc)
         return 2
     try:
         api_client = api_client_from_environment()
     except NodeApiError as exc:
-        logger.error("config-manager: %s", exc)
+        log.error("config-manager: %s", exc)
         return 1
     manager = ConfigManager(settings, api_client)
     if settings.oneshot:
@@ -52,5 +52,5 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         manager.run(stop)
     except _Terminated as exc:
-        logger.info("config-manager: %s received, exiting", exc)
+        log.info("config-manager: %s received, exiting", exc)
     return 0

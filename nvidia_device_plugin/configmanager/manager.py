@@ -22,7 +22,7 @@ from nvidia_device_plugin.configmanager.selection import (
 )
 from nvidia_device_plugin.configmanager.settings import Settings
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 _BACKOFF_FIRST_SECONDS = 1.0
 _BACKOFF_MAX_SECONDS = 30.0
@@ -56,7 +56,7 @@ class ConfigManager:
             changed = point_link(s.config_file_dst, target)
             chosen = str(target)
         if changed:
-            logger.info(
+            log.info(
                 "%s=%s: %s now points at %s (%s)",
                 s.node_label,
                 label_value or "<unset>",
@@ -74,14 +74,14 @@ class ConfigManager:
             state = self._reader.list_state()
             self.apply(state.label_value or "")
         except (NodeApiError, ConfigSelectionError, LinkError) as exc:
-            logger.error("config-manager: %s", exc)
+            log.error("config-manager: %s", exc)
             return 1
         return 0
 
     def run(self, stop: threading.Event) -> None:
         """Link, then follow the label until `stop` is set. Never raises for API or config trouble."""
         s = self._settings
-        logger.info("following label %s of node %s", s.node_label, s.node_name)
+        log.info("following label %s of node %s", s.node_label, s.node_name)
         backoff = _BACKOFF_FIRST_SECONDS
         applied: str | None = None  # the label value last applied successfully
         while not stop.is_set():
@@ -107,13 +107,13 @@ class ConfigManager:
                         stop.wait(backoff)
                         backoff = min(backoff * 2, _BACKOFF_MAX_SECONDS)
             except WatchExpired as exc:
-                logger.info("watch of node %s expired (%s); listing it again", s.node_name, exc)
+                log.info("watch of node %s expired (%s); listing it again", s.node_name, exc)
                 continue
             except NodeApiError as exc:
                 self._problem("api", str(exc))
             stop.wait(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX_SECONDS)
-        logger.info("stopped following label %s of node %s", s.node_label, s.node_name)
+        log.info("stopped following label %s of node %s", s.node_label, s.node_name)
 
     def _apply_if_new(self, label_value: str, applied: str | None) -> str | None:
         if label_value == applied:
@@ -129,10 +129,10 @@ class ConfigManager:
 
     def _problem(self, source: str, reason: str) -> None:
         if self._problems.get(source) != reason:
-            logger.error("config-manager: %s", reason)
+            log.error("config-manager: %s", reason)
             self._problems[source] = reason
 
     def _recovered(self, source: str) -> None:
         reason = self._problems.pop(source, None)
         if reason is not None:
-            logger.info("config-manager: recovered from: %s", reason)
+            log.info("config-manager: recovered from: %s", reason)

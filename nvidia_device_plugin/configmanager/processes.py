@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 def _command_line(pid_dir: Path) -> list[str]:
@@ -30,7 +30,7 @@ def find_processes(name: str, proc_root: Path = Path("/proc")) -> list[int]:
     try:
         entries = list(proc_root.iterdir())
     except OSError as exc:
-        logger.warning("cannot list processes in %s: %s", proc_root, exc.strerror or exc)
+        log.warning("cannot list processes in %s: %s", proc_root, exc.strerror or exc)
         return found
     for entry in entries:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -48,13 +48,13 @@ def signal_processes(name: str, signum: int, proc_root: Path = Path("/proc")) ->
         try:
             os.kill(pid, signum)
         except OSError as exc:
-            logger.warning("cannot send signal %d to %s (pid %d): %s", signum, name, pid, exc.strerror or exc)
+            log.warning("cannot send signal %d to %s (pid %d): %s", signum, name, pid, exc.strerror or exc)
             continue
         signalled.append(pid)
     if signalled:
-        logger.info("sent signal %d to %s (pid %s)", signum, name, ", ".join(map(str, signalled)))
+        log.info("sent signal %d to %s (pid %s)", signum, name, ", ".join(map(str, signalled)))
     else:
-        logger.info(
+        log.info(
             "no process named %s to signal; the device plugin reloads the re-pointed config by itself", name
         )
     return signalled
