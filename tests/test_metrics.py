@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -22,13 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from nvidia_device_plugin import __version__, probes
-from nvidia_device_plugin.config.v1 import (
-    Config,
-    Flags,
-    ReplicatedResource,
-    ReplicatedResources,
-    Sharing,
-)
+from nvidia_device_plugin.config.v1 import Config, Flags, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.daemon import Daemon
 from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlError
 from nvidia_device_plugin.events import HealthChange
@@ -66,8 +61,15 @@ def fresh_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(probes, "RENDER_CACHE_S", 0.0)
 
 
-def build(plugin_dir: Path, node: str, load_config: Callable[[], Config]) -> Daemon:
-    return Daemon(simulated_options(plugin_dir, node, load_config, metrics_address="127.0.0.1:0"))
+@contextmanager
+def running(plugin_dir: Path, node: str, load_config: Callable[[], Config]) -> Iterator[Daemon]:
+    """A started daemon on a simulated node serving HTTP on a free port; stopped on the way out."""
+    daemon = Daemon(simulated_options(plugin_dir, node, load_config, metrics_address="127.0.0.1:0"))
+    daemon.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
 
 
 @pytest.fixture
@@ -86,13 +88,9 @@ def mixed(plugin_dir: Path, kubelet: KubeletStandIn, configs: list[Config | Exce
             raise current
         return current
 
-    daemon = build(plugin_dir, "a100-mig-mixed", load)
-    daemon.start()
-    try:
+    with running(plugin_dir, "a100-mig-mixed", load) as daemon:
         assert kubelet.wait_for_resources(MIXED_RESOURCES)
         yield daemon
-    finally:
-        daemon.stop()
 
 
 def no_driver() -> NvmlSession:
@@ -102,19 +100,15 @@ def no_driver() -> NvmlSession:
 @pytest.fixture
 def idle(plugin_dir: Path) -> Iterator[Daemon]:
     """A daemon on a node where NVML cannot load and failOnInitError is false: it serves nothing."""
-    options = simulated_options(
-        plugin_dir,
-        load_config=lambda: Config(flags=Flags(fail_on_init_error=False)),
-        metrics_address="127.0.0.1:0",
-    )
-    options.open_nvml = no_driver
+    options = simulated_options(plugin_dir, load_config=lambda: Config(flags=Flags(fail_on_init_error=False)))
+    options.open_nvml, options.metrics_address = no_driver, "127.0.0.1:0"
     daemon = Daemon(options)
     daemon.start()
     yield daemon
     daemon.stop()
 
 
-# ---- talking HTTP like a scraper -------------------------------------------------------------------
+# ---- talking HTTP like a scraper --------------------------------------------------------------------
 
 
 def port_of(daemon: Daemon) -> int:
@@ -150,15 +144,6 @@ def scrape_until(daemon: Daemon, predicate: Callable[[Families], bool], timeout:
         time.sleep(0.02)
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def samples(families: Families, sample_name: str) -> list[Sample]:
     return [s for family in families.values() for s in family if s.name == sample_name]
 
@@ -177,8 +162,20 @@ def value(families: Families, sample_name: str, **labels: str) -> float:
     return found[0]
 
 
+def series(families: Families, sample_name: str, *label_names: str) -> dict[tuple[str, ...], float]:
+    """Every sample of one name, keyed by the values of `label_names` (which must name all its labels)."""
+    found = samples(families, sample_name)
+    assert all(len(s.labels) == len(label_names) for s in found), found
+    return {tuple(s.labels[name] for name in label_names): s.value for s in found}
+
+
+def in_order(*label_sets: dict[str, str]) -> list[dict[str, str]]:
+    """Label sets in one fixed order, so series can be compared whatever order they are exposed in."""
+    return sorted(label_sets, key=lambda labels: sorted(labels.items()))
+
+
 def label_sets(families: Families, sample_name: str) -> list[dict[str, str]]:
-    return sorted((dict(s.labels) for s in samples(families, sample_name)), key=lambda d: sorted(d.items()))
+    return in_order(*(dict(s.labels) for s in samples(families, sample_name)))
 
 
 def mig_uuids(daemon: Daemon, gpu_index: int) -> list[str]:
@@ -187,26 +184,7 @@ def mig_uuids(daemon: Daemon, gpu_index: int) -> list[str]:
     return [m.uuid for m in sorted(gpu.mig_devices, key=lambda m: m.index)]
 
 
-# ---- address parsing and binding -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("address", "expected"),
-    [
-        (":9402", ("", 9402)),
-        ("0.0.0.0:9402", ("0.0.0.0", 9402)),
-        ("[::1]:0", ("::1", 0)),
-        ("localhost:80", ("localhost", 80)),
-    ],
-)
-def test_parse_address_accepts_host_port_forms(address: str, expected: tuple[str, int]) -> None:
-    assert probes.parse_address(address) == expected
-
-
-@pytest.mark.parametrize("address", ["9402", ":", ":http", ":70000", "::1:9402", "host:-1"])
-def test_parse_address_rejects_malformed_values_naming_the_flag(address: str) -> None:
-    with pytest.raises(ConfigError, match="--metrics-address"):
-        probes.parse_address(address)
+# ---- binding the address ----------------------------------------------------------------------------
 
 
 def test_a_malformed_address_fails_the_daemon_start_naming_the_flag(plugin_dir: Path) -> None:
@@ -230,7 +208,7 @@ def test_port_in_use_is_a_clear_error(plugin_dir: Path, idle: Daemon) -> None:
     assert get(port_of(idle), "/healthz") == (200, "ok\n")  # the first daemon's server is untouched
 
 
-# ---- probes ----------------------------------------------------------------------------------------
+# ---- probes -----------------------------------------------------------------------------------------
 
 
 def test_an_idle_daemon_is_alive_not_ready_and_describes_empty_state(idle: Daemon) -> None:
@@ -259,9 +237,7 @@ def test_an_idle_daemon_is_alive_not_ready_and_describes_empty_state(idle: Daemo
 
 
 def test_readyz_turns_ready_when_every_served_resource_is_registered(plugin_dir: Path) -> None:
-    daemon = build(plugin_dir, "a100-mig-mixed", mixed_config)
-    daemon.start()  # no kubelet yet: every resource served, none registered
-    try:
+    with running(plugin_dir, "a100-mig-mixed", mixed_config) as daemon:  # no kubelet yet: none registered
         port = port_of(daemon)
         status, body = get(port, "/readyz")
         assert status == 503
@@ -272,15 +248,14 @@ def test_readyz_turns_ready_when_every_served_resource_is_registered(plugin_dir:
 
         with KubeletStandIn(plugin_dir) as kubelet:
             assert kubelet.wait_for_resources(MIXED_RESOURCES)
-            assert eventually(lambda: get(port, "/readyz") == (200, "ok\n"))
+            assert kubelet.wait_for(daemon.manager.all_registered)
+            assert get(port, "/readyz") == (200, "ok\n")
             families = scrape(daemon)
             for name in MIXED_RESOURCES:
                 assert value(families, "nvidia_device_plugin_resource_registered", resource=name) == 1
-    finally:
-        daemon.stop()
 
 
-# ---- state computed at scrape time ---------------------------------------------------------------
+# ---- state computed at scrape time ------------------------------------------------------------------
 
 
 def test_advertised_devices_gpus_and_replicas_follow_the_snapshot(
@@ -289,31 +264,25 @@ def test_advertised_devices_gpus_and_replicas_follow_the_snapshot(
     uuids = gpu_uuids(mixed)
     families = scrape(mixed)
     devices = "nvidia_device_plugin_devices"
-    assert value(families, devices, resource=GPU, health="healthy") == 4  # GPU 3, four ways
-    assert value(families, devices, resource=GPU, health="unhealthy") == 0
-    assert value(families, devices, resource=MIG_1G, health="healthy") == 18  # nine slices, two ways
-    assert value(families, devices, resource=MIG_2G, health="healthy") == 1
-    assert value(families, devices, resource=MIG_3G, health="healthy") == 3
-    assert value(families, "nvidia_device_plugin_gpus", model=A100) == 4
-    assert label_sets(families, "nvidia_device_plugin_mig_devices") == [
-        {"profile": "1g.10gb"},
-        {"profile": "2g.20gb"},
-        {"profile": "3g.40gb"},
-    ]
-    assert value(families, "nvidia_device_plugin_mig_devices", profile="1g.10gb") == 9
-    assert value(families, "nvidia_device_plugin_mig_devices", profile="3g.40gb") == 3
+    assert series(families, devices, "resource", "health") == {
+        (GPU, "healthy"): 4,  # GPU 3, four ways
+        (GPU, "unhealthy"): 0,
+        (MIG_1G, "healthy"): 18,  # nine slices, two ways
+        (MIG_1G, "unhealthy"): 0,
+        (MIG_2G, "healthy"): 1,
+        (MIG_2G, "unhealthy"): 0,
+        (MIG_3G, "healthy"): 3,
+        (MIG_3G, "unhealthy"): 0,
+    }
+    assert series(families, "nvidia_device_plugin_gpus", "model") == {(A100,): 4}
+    mig = series(families, "nvidia_device_plugin_mig_devices", "profile")
+    assert mig == {("1g.10gb",): 9, ("2g.20gb",): 1, ("3g.40gb",): 3}
     # Replicas are reported for shared resources only, one series per physical GPU.
-    assert label_sets(families, "nvidia_device_plugin_replicas") == sorted(
-        [
-            {"resource": GPU, "gpu_uuid": uuids[3]},
-            {"resource": MIG_1G, "gpu_uuid": uuids[0]},
-            {"resource": MIG_1G, "gpu_uuid": uuids[1]},
-        ],
-        key=lambda d: sorted(d.items()),
-    )
-    assert value(families, "nvidia_device_plugin_replicas", resource=GPU, gpu_uuid=uuids[3]) == 4
-    assert value(families, "nvidia_device_plugin_replicas", resource=MIG_1G, gpu_uuid=uuids[0]) == 14
-    assert value(families, "nvidia_device_plugin_replicas", resource=MIG_1G, gpu_uuid=uuids[1]) == 4
+    assert series(families, "nvidia_device_plugin_replicas", "resource", "gpu_uuid") == {
+        (GPU, uuids[3]): 4,
+        (MIG_1G, uuids[0]): 14,
+        (MIG_1G, uuids[1]): 4,
+    }
     assert label_sets(families, "nvidia_device_plugin_driver_info") == [
         {"driver_version": "550.54.15", "cuda_driver_version": "12.4"}
     ]
@@ -324,8 +293,7 @@ def test_advertised_devices_gpus_and_replicas_follow_the_snapshot(
     families = scrape(mixed)
     assert value(families, devices, resource=GPU, health="healthy") == 2
     assert value(families, devices, resource=MIG_1G, health="healthy") == 9
-    assert label_sets(families, "nvidia_device_plugin_replicas") == [{"resource": GPU, "gpu_uuid": uuids[3]}]
-    assert value(families, "nvidia_device_plugin_replicas", resource=GPU, gpu_uuid=uuids[3]) == 2
+    assert series(families, "nvidia_device_plugin_replicas", "resource", "gpu_uuid") == {(GPU, uuids[3]): 2}
 
 
 def test_unhealthy_devices_show_with_reason_and_move_between_health_series(mixed: Daemon) -> None:
@@ -334,43 +302,40 @@ def test_unhealthy_devices_show_with_reason_and_move_between_health_series(mixed
     sim = simulator(mixed)
     sim.inject_xid(3, 79)  # the whole, time-sliced GPU
     sim.inject_xid(2, 79)  # a MIG-mode GPU, not attributed to one instance: both 3g.40gb slices go
-    assert eventually(lambda: {uuids[2], uuids[3]} <= set(mixed.registry.unhealthy()))
-
-    families = scrape(mixed)
+    changes = "nvidia_device_plugin_device_health_changes_total"
+    families = scrape_until(mixed, lambda f: value(f, changes, health="unhealthy") == 2)
     devices = "nvidia_device_plugin_devices"
-    assert value(families, devices, resource=GPU, health="healthy") == 0
-    assert value(families, devices, resource=GPU, health="unhealthy") == 4
-    assert value(families, devices, resource=MIG_3G, health="healthy") == 1
-    assert value(families, devices, resource=MIG_3G, health="unhealthy") == 2
-    assert value(families, devices, resource=MIG_1G, health="unhealthy") == 0
-    assert label_sets(families, "nvidia_device_plugin_unhealthy_device") == sorted(
-        [
-            {"uuid": uuids[2], "gpu_uuid": uuids[2], "reason": XID_79},
-            {"uuid": uuids[3], "gpu_uuid": uuids[3], "reason": XID_79},
-        ],
-        key=lambda d: sorted(d.items()),
+    assert series(families, devices, "resource", "health") == {
+        (GPU, "healthy"): 0,
+        (GPU, "unhealthy"): 4,
+        (MIG_1G, "healthy"): 18,
+        (MIG_1G, "unhealthy"): 0,
+        (MIG_2G, "healthy"): 1,
+        (MIG_2G, "unhealthy"): 0,
+        (MIG_3G, "healthy"): 1,
+        (MIG_3G, "unhealthy"): 2,
+    }
+    assert label_sets(families, "nvidia_device_plugin_unhealthy_device") == in_order(
+        {"uuid": uuids[2], "gpu_uuid": uuids[2], "reason": XID_79},
+        {"uuid": uuids[3], "gpu_uuid": uuids[3], "reason": XID_79},
     )
-    assert value(families, "nvidia_device_plugin_device_health_changes_total", health="unhealthy") == 2
+    assert value(families, changes, health="unhealthy") == 2
 
     # GPU 2 is declared healthy again (what recovery does), and one MIG slice on GPU 1 faults.
     assert mixed.registry.mark(HealthChange(uuids[2], healthy=True, reason="recovered"))
     sim.inject_xid(slice_on_gpu1, 94)
-    assert eventually(lambda: slice_on_gpu1 in mixed.registry.unhealthy())
-    families = scrape(mixed)
+    families = scrape_until(mixed, lambda f: value(f, changes, health="unhealthy") == 3)
     assert value(families, devices, resource=MIG_3G, health="healthy") == 3
     assert value(families, devices, resource=MIG_1G, health="unhealthy") == 2  # its two replicas
-    assert label_sets(families, "nvidia_device_plugin_unhealthy_device") == sorted(
-        [
-            {"uuid": uuids[3], "gpu_uuid": uuids[3], "reason": XID_79},
-            {"uuid": slice_on_gpu1, "gpu_uuid": uuids[1], "reason": "XID 94 (contained ECC error)"},
-        ],
-        key=lambda d: sorted(d.items()),
+    assert label_sets(families, "nvidia_device_plugin_unhealthy_device") == in_order(
+        {"uuid": uuids[3], "gpu_uuid": uuids[3], "reason": XID_79},
+        {"uuid": slice_on_gpu1, "gpu_uuid": uuids[1], "reason": "XID 94 (contained ECC error)"},
     )
-    assert value(families, "nvidia_device_plugin_device_health_changes_total", health="healthy") == 1
-    assert value(families, "nvidia_device_plugin_device_health_changes_total", health="unhealthy") == 3
+    assert value(families, changes, health="healthy") == 1
+    assert value(families, changes, health="unhealthy") == 3
 
 
-# ---- events counted -------------------------------------------------------------------------------
+# ---- events counted ---------------------------------------------------------------------------------
 
 
 def test_allocate_and_preferred_calls_are_counted_and_timed(mixed: Daemon, kubelet: KubeletStandIn) -> None:
@@ -455,8 +420,9 @@ def test_xids_and_config_reloads_are_counted(mixed: Daemon, configs: list[Config
     sim.inject_xid(3, 13)  # an application fault: counted, ignored
     sim.inject_xid(3, 13)
     sim.inject_xid(0, 79)  # one event set, read in order: once GPU 0 is down, the 13s were seen too
-    assert eventually(lambda: uuids[0] in mixed.registry.unhealthy())
-    assert uuids[3] not in mixed.registry.unhealthy()
+    changes = "nvidia_device_plugin_device_health_changes_total"
+    scrape_until(mixed, lambda f: value(f, changes, health="unhealthy") == 1)  # counted after the XID
+    assert set(mixed.registry.unhealthy()) == {uuids[0]}
 
     configs.append(ConfigError("sharing.timeSlicing.resources[0].replicas must be >= 1, got 0"))
     assert not mixed.reload("test")
@@ -466,12 +432,9 @@ def test_xids_and_config_reloads_are_counted(mixed: Daemon, configs: list[Config
     assert mixed.reload("test")
 
     families = scrape(mixed)
-    assert label_sets(families, xids) == sorted(
-        [
-            {"gpu_uuid": uuids[3], "xid": "13", "critical": "false"},
-            {"gpu_uuid": uuids[0], "xid": "79", "critical": "true"},
-        ],
-        key=lambda d: sorted(d.items()),
+    assert label_sets(families, xids) == in_order(
+        {"gpu_uuid": uuids[3], "xid": "13", "critical": "false"},
+        {"gpu_uuid": uuids[0], "xid": "79", "critical": "true"},
     )
     assert value(families, xids, gpu_uuid=uuids[3], xid="13") == 2
     assert value(families, xids, gpu_uuid=uuids[0], xid="79") == 1
@@ -480,43 +443,34 @@ def test_xids_and_config_reloads_are_counted(mixed: Daemon, configs: list[Config
 
 
 def test_two_daemons_keep_separate_counters_and_stop_closes_the_port(plugin_dir: Path) -> None:
-    first = build(plugin_dir / "a", "dgx-a100", Config)
-    second = build(plugin_dir / "b", "dgx-a100", Config)
-    first.start()
-    try:
-        second.start()
-        try:
-            assert first.reload("test")
-            simulator(second).inject_xid(5, 13)
-            second_gpu5 = gpu_uuids(second)[5]
-            reloads = "nvidia_device_plugin_config_reloads_total"
-            xids = "nvidia_device_plugin_xid_events_total"
-            families = scrape_until(second, lambda f: bool(samples(f, xids)))
-            assert label_sets(families, xids) == [{"gpu_uuid": second_gpu5, "xid": "13", "critical": "false"}]
-            assert value(families, reloads, result="applied") == 0
-            families = scrape(first)
-            assert value(families, reloads, result="applied") == 1
-            assert samples(families, xids) == []
-        finally:
-            second.stop()
-    finally:
-        first.stop()
+    reloads = "nvidia_device_plugin_config_reloads_total"
+    xids = "nvidia_device_plugin_xid_events_total"
+    with (
+        running(plugin_dir / "a", "dgx-a100", Config) as first,
+        running(plugin_dir / "b", "dgx-a100", Config) as second,
+    ):
+        assert first.reload("test")
+        simulator(second).inject_xid(5, 13)
+        families = scrape_until(second, lambda f: bool(samples(f, xids)))
+        assert label_sets(families, xids) == [
+            {"gpu_uuid": gpu_uuids(second)[5], "xid": "13", "critical": "false"}
+        ]
+        assert value(families, reloads, result="applied") == 0
+        families = scrape(first)
+        assert value(families, reloads, result="applied") == 1
+        assert samples(families, xids) == []
     for daemon in (first, second):
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port_of(daemon)}/healthz", timeout=2)
 
 
 def test_stop_joins_the_named_thread(plugin_dir: Path) -> None:
-    daemon = build(plugin_dir, "t4-single", Config)
-    daemon.start()
-    try:
+    with running(plugin_dir, "t4-single", Config):
         assert "probes-http" in {t.name for t in threading.enumerate()}
-    finally:
-        daemon.stop()
     assert "probes-http" not in {t.name for t in threading.enumerate()}
 
 
-# ---- a collection that fails -----------------------------------------------------------------------
+# ---- a collection that fails ------------------------------------------------------------------------
 
 
 class UnreadableSnapshot:
