@@ -131,6 +131,10 @@ def _handler_class(
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True  # a hung client must not keep the process alive at exit
     block_on_close = False
+    # listen() backlog. socketserver's default of 5 makes the kernel drop the SYNs of a burst of connects,
+    # which the clients retry a second or more later; with room in the backlog, connections past
+    # MAX_CONNECTIONS are accepted and closed at once instead, as the module docstring promises.
+    request_queue_size = 4 * MAX_CONNECTIONS
 
     def __init__(self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler]) -> None:
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)

@@ -1,0 +1,308 @@
+"""The HTTP probe server on its own, over real TCP sockets: the connection bound, the idle timeout,
+the render cache shared by concurrent scrapes, and probes that fail without taking the server down.
+
+The answers come from small callables standing in for the daemon (the server's whole interface to it);
+what the daemon itself answers is tested in test_metrics.py.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+
+import pytest
+
+from nvidia_device_plugin import probes
+from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.probes import Check, ProbeServer, RenderMetrics, parse_address
+
+# A bound on how long a client waits for anything, so a server that hangs fails the test instead of
+# hanging it; every expected answer comes far sooner.
+HANG_GUARD_S = 5.0
+REQUEST = b"GET /healthz HTTP/1.1\r\nHost: probes\r\n\r\n"
+
+
+def fine() -> str | None:
+    return None
+
+
+class CountingRender:
+    """A /metrics renderer that counts its calls and, while `gate` is shut, blocks inside the render."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, accept: str) -> tuple[bytes, str]:
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        if not self.gate.wait(HANG_GUARD_S):
+            raise RuntimeError("the test never opened the render gate")
+        return f"# render {call} for {accept or 'no Accept'}\n".encode(), "text/plain; version=0.0.4"
+
+
+@contextmanager
+def serving(
+    render: RenderMetrics | None = None, liveness: Check = fine, readiness: Check = fine
+) -> Iterator[ProbeServer]:
+    server = ProbeServer("127.0.0.1:0", render or CountingRender(), liveness, readiness)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def connect(server: ProbeServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_S)
+
+
+def send(sock: socket.socket, data: bytes) -> None:
+    """Send a request; a server that already closed the connection makes the send fail, which is fine."""
+    with suppress(BrokenPipeError, ConnectionResetError):
+        sock.sendall(data)
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes; a reset counts as a close."""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def get(server: ProbeServer, path: str, accept: str = "", method: str = "GET") -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HANG_GUARD_S)
+    try:
+        connection.request(method, path, headers={"Accept": accept} if accept else {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def answers(server: ProbeServer, path: str = "/healthz") -> bool:
+    """True when one request is served; False when the server closes it unanswered."""
+    try:
+        return get(server, path)[0] == 200
+    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        return False
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = HANG_GUARD_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ---- the address ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        (":9402", ("", 9402)),
+        ("0.0.0.0:9402", ("0.0.0.0", 9402)),
+        ("[::1]:0", ("::1", 0)),
+        ("localhost:80", ("localhost", 80)),
+    ],
+)
+def test_parse_address_accepts_host_port_forms(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["9402", ":", ":http", ":70000", "::1:9402", "host:-1"])
+def test_parse_address_rejects_malformed_values_naming_the_flag(address: str) -> None:
+    with pytest.raises(ConfigError, match="--metrics-address"):
+        parse_address(address)
+
+
+# ---- the connection bound ------------------------------------------------------------------------
+
+
+def test_idle_connections_past_the_bound_are_closed_at_once_and_serving_resumes_when_they_leave() -> None:
+    with serving() as server:
+        idle = [connect(server) for _ in range(probes.MAX_CONNECTIONS)]
+        try:
+            # The server accepts in arrival order, so the idle ones hold every slot when this one comes.
+            with connect(server) as extra:
+                send(extra, REQUEST)
+                assert read_to_end(extra) == b"", "a connection past the bound must be closed unanswered"
+            assert server.refused_connections == 1
+        finally:
+            for sock in idle:
+                sock.close()
+        # Each handler notices its client left and frees its slot; until then a scrape may be refused.
+        assert eventually(lambda: answers(server))
+        assert get(server, "/metrics")[0] == 200
+
+
+def test_slow_requests_hold_the_bound_and_a_further_one_does_not_wait_for_them() -> None:
+    release = threading.Event()
+    inside = threading.Semaphore(0)
+
+    def slow_liveness() -> str | None:
+        inside.release()
+        return None if release.wait(HANG_GUARD_S) else "the test never released the probe"
+
+    with serving(liveness=slow_liveness) as server:
+        results: list[int] = []
+        clients = [
+            threading.Thread(target=lambda: results.append(get(server, "/healthz")[0]))
+            for _ in range(probes.MAX_CONNECTIONS)
+        ]
+        for client in clients:
+            client.start()
+        try:
+            for _ in clients:  # every slot is taken by a request inside the probe
+                assert inside.acquire(timeout=HANG_GUARD_S)
+            with connect(server) as extra:
+                send(extra, REQUEST)
+                assert read_to_end(extra) == b""
+            assert server.refused_connections == 1
+        finally:
+            release.set()
+            for client in clients:
+                client.join()
+        assert results == [200] * probes.MAX_CONNECTIONS
+        assert eventually(lambda: answers(server))
+
+
+# ---- the idle timeout ----------------------------------------------------------------------------
+
+
+def test_a_client_that_sends_nothing_or_half_a_request_is_dropped_and_its_slot_freed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(probes, "IDLE_TIMEOUT_S", 0.2)  # read when the server is built
+    with serving() as server:
+        with connect(server) as silent, connect(server) as halfway:
+            halfway.sendall(b"GET /metrics HTTP/1.1\r\nHost: probes\r\n")  # no blank line: headers never end
+            assert read_to_end(silent) == b""
+            assert read_to_end(halfway) == b""
+
+        # A full house of silent clients only blocks the server until they time out.
+        silent_ones = [connect(server) for _ in range(probes.MAX_CONNECTIONS)]
+        try:
+            for sock in silent_ones:
+                assert read_to_end(sock) == b""
+            assert answers(server)
+        finally:
+            for sock in silent_ones:
+                sock.close()
+
+
+# ---- the render cache ----------------------------------------------------------------------------
+
+
+def test_concurrent_scrapes_share_one_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probes, "RENDER_CACHE_S", 60.0)  # a window no slow machine can outlast
+    render = CountingRender()
+    render.gate.clear()  # the first render waits until every scrape has been sent
+    with serving(render) as server:
+        scrapers = [connect(server) for _ in range(8)]
+        try:
+            for sock in scrapers:
+                sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            render.gate.set()
+            bodies = {read_to_end(sock).partition(b"\r\n\r\n")[2] for sock in scrapers}
+        finally:
+            for sock in scrapers:
+                sock.close()
+        assert render.calls == 1
+        assert bodies == {b"# render 1 for no Accept\n"}
+
+        # The cache is per Accept header: an OpenMetrics scraper gets its own render.
+        status, body = get(server, "/metrics", accept="application/openmetrics-text")
+        assert status == 200
+        assert body == b"# render 2 for application/openmetrics-text\n"
+        assert render.calls == 2
+
+
+def test_without_a_cache_window_every_scrape_renders(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probes, "RENDER_CACHE_S", 0.0)
+    render = CountingRender()
+    with serving(render) as server:
+        bodies = [get(server, "/metrics")[1] for _ in range(3)]
+    assert render.calls == 3
+    assert bodies == [f"# render {n} for no Accept\n".encode() for n in (1, 2, 3)]
+
+
+def test_head_answers_the_headers_of_get_without_a_body() -> None:
+    with serving() as server:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HANG_GUARD_S)
+        try:
+            connection.request("HEAD", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200
+            assert response.getheader("Content-Type") == "text/plain; version=0.0.4"
+            assert int(response.getheader("Content-Length") or 0) == len(b"# render 1 for no Accept\n")
+            assert response.read() == b""
+        finally:
+            connection.close()
+
+
+# ---- failing callables ---------------------------------------------------------------------------
+
+
+def test_a_probe_that_raises_answers_503_and_the_server_keeps_serving() -> None:
+    def broken_readiness() -> str | None:
+        raise RuntimeError("registrar state unreadable")
+
+    with serving(readiness=broken_readiness) as server:
+        assert get(server, "/readyz") == (503, b"probe failed: registrar state unreadable\n")
+        assert get(server, "/healthz") == (200, b"ok\n")
+        assert get(server, "/metrics")[0] == 200
+        assert get(server, "/readyz")[0] == 503
+
+
+def test_a_probe_that_reports_a_reason_answers_503_with_it() -> None:
+    with serving(liveness=lambda: "health monitor thread died") as server:
+        assert get(server, "/healthz") == (503, b"health monitor thread died\n")
+        assert get(server, "/readyz") == (200, b"ok\n")
+
+
+def test_a_render_that_raises_answers_500_and_the_next_scrape_renders_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(probes, "RENDER_CACHE_S", 60.0)  # a failure must not be cached as an answer
+    failures = [RuntimeError("collector broke")]
+
+    def render(accept: str) -> tuple[bytes, str]:
+        if failures:
+            raise failures.pop()
+        return b"# fine\n", "text/plain; version=0.0.4"
+
+    with serving(render) as server:
+        status, body = get(server, "/metrics")
+        assert status == 500
+        assert b"see the plugin log" in body
+        assert get(server, "/metrics") == (200, b"# fine\n")
+
+
+# ---- lifecycle -----------------------------------------------------------------------------------
+
+
+def test_stop_joins_the_thread_closes_the_port_and_can_be_repeated() -> None:
+    server = ProbeServer("127.0.0.1:0", CountingRender(), fine, fine)
+    server.start()
+    port = server.port
+    assert "probes-http" in {t.name for t in threading.enumerate()}
+    server.stop()
+    server.stop()
+    assert "probes-http" not in {t.name for t in threading.enumerate()}
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S).close()
