@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.allocation import AllocationSettings
@@ -18,7 +18,7 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
-from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.events import NO_EVENTS, Events, HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health import HealthMonitor
 from nvidia_device_plugin.health_state import HealthRegistry
@@ -26,7 +26,7 @@ from nvidia_device_plugin.mps import MpsDaemonSupervisor
 from nvidia_device_plugin.nvml.backend import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.sim_events import SimulatedEventFeeder
-from nvidia_device_plugin.plugin.manager import ManagerHooks, PluginManager, ResourceSpec
+from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.resources import ResourcePlan, build_resources
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class DaemonOptions:
     simulate: str | None = None
     simulate_events: Path | None = None
     kubelet_socket: str = "kubelet.sock"
-    hooks: ManagerHooks = field(default_factory=ManagerHooks.empty)
+    events: Events = NO_EVENTS
 
 
 ConfigWatcherFactory = Callable[[Callable[[], None]], ConfigWatcher]
@@ -59,7 +59,7 @@ class Daemon:
     def __init__(self, options: DaemonOptions) -> None:
         self.options = options
         self.registry = HealthRegistry()
-        self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, hooks=options.hooks)
+        self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, events=options.events)
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
         self.reload_listeners: list[Callable[[bool, str], None]] = []  # f(applied, error)

@@ -20,7 +20,7 @@ import socket
 import threading
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import ConfigError, DevicePluginError
-from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.events import CallError, Events, HealthChange
 from nvidia_device_plugin.health_state import HealthRegistry
 from nvidia_device_plugin.plugin.manager import PluginManager
 from nvidia_device_plugin.resources import ResourcePlan
@@ -100,7 +100,7 @@ def parse_address(address: str) -> tuple[str, int]:
 # ---- metrics ---------------------------------------------------------------------------------------
 
 
-class _Events:
+class _Events(Events):
     """Counters and histograms fed by the daemon's hooks."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -180,6 +180,21 @@ class _Events:
             self.preferred_errors.labels(resource, code)
 
     # Hooks: called on gRPC, registrar and health threads; each only updates counters.
+
+    def call_answered(
+        self,
+        resource: str,
+        method: Literal["Allocate", "GetPreferredAllocation"],
+        seconds: float,
+        error: CallError | None,
+    ) -> None:
+        (self.on_allocate if method == "Allocate" else self.on_preferred)(resource, seconds, error)
+
+    def registered(self, resource: str) -> None:
+        self.on_registered(resource)
+
+    def kubelet_restarted(self) -> None:
+        self.on_kubelet_restart()
 
     def on_allocate(self, resource: str, seconds: float, error: str | None) -> None:
         self.allocate_seconds.labels(resource).observe(seconds)
@@ -429,12 +444,10 @@ def start_metrics(address: str, daemon: DaemonView) -> MetricsServer:
 
 def _hook(events: _Events, daemon: DaemonView) -> Callable[[], None]:
     """Append the event hooks to the daemon's lists; returns a function that takes them out again."""
-    hooks = daemon.manager.hooks
+    manager, previous = daemon.manager, daemon.manager.events
+    manager.events = events
     detach = [
-        _attach(hooks.on_registered, events.on_registered),
-        _attach(hooks.on_kubelet_restart, events.on_kubelet_restart),
-        _attach(hooks.server.on_allocate, events.on_allocate),
-        _attach(hooks.server.on_preferred, events.on_preferred),
+        lambda: setattr(manager, "events", previous),
         _attach(daemon.reload_listeners, events.on_reload),
         _attach(daemon.xid_listeners, events.on_xid),
         daemon.registry.subscribe(events.on_health_change),
