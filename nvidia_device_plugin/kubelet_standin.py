@@ -147,17 +147,19 @@ class KubeletStandIn:
         return None
 
     def _watch(self, plugin: PluginEndpoint) -> None:
-        stream = plugin.stub.ListAndWatch(pb.Empty())
-        plugin.stream = stream
         try:
+            stream = plugin.stub.ListAndWatch(pb.Empty())
+            plugin.stream = stream
             for response in stream:
                 with self._changed:
                     plugin.devices = {d.ID: d for d in response.devices}
                     plugin.updates += 1
                     plugin.last_update = time.perf_counter()
                     self._changed.notify_all()
-        except grpc.RpcError:
-            pass  # plugin or stand-in went away; a new registration opens a new stream
+        except (grpc.RpcError, ValueError):
+            # The plugin or the stand-in went away (ValueError: the stand-in closed the channel before
+            # the stream opened, when it restarts quickly); a new registration opens a new stream.
+            pass
         finally:
             with self._changed:
                 plugin.watching = False

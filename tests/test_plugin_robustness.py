@@ -25,6 +25,8 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 
+from daemon_support import GPU, start_daemon
+
 RESOURCE = "example.com/dev"
 SOCKET = "fake-0.sock"
 DEVICES = [f"d{n}" for n in range(8)]
@@ -366,3 +368,20 @@ def test_register_logs_through_the_manager_logger(
         r.name == "nvidia_device_plugin.plugin.manager" and "registered" in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_daemon_starts_with_a_directory_where_its_socket_goes(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    # Used to end start-up with a traceback; now the daemon starts, says why it cannot serve, and retries.
+    blocker = plugin_dir / "nvidia-gpu.sock"
+    blocker.mkdir()
+    (blocker / "data").write_text("x\n")
+    daemon = start_daemon(plugin_dir)
+    try:
+        assert eventually(lambda: str(blocker) in (daemon.manager.health() or "")), daemon.manager.health()
+        shutil.rmtree(blocker)
+        assert kubelet.wait_for_resources([GPU], timeout=20)
+        assert eventually(lambda: daemon.manager.health() is None), daemon.manager.health()
+    finally:
+        daemon.stop()
