@@ -16,7 +16,7 @@ import grpc
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
-from nvidia_device_plugin.plugin.server import MAX_MESSAGE_BYTES
+from nvidia_device_plugin.plugin.protocol import MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
 
 
 class EchoServicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -38,8 +38,8 @@ def serve(socket: str) -> grpc.Server:
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="echo"),
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
         ],
     )
     pb_grpc.add_DevicePluginServicer_to_server(EchoServicer(), server)

@@ -27,8 +27,7 @@ from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies
 from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.backend import NvmlSession
-from nvidia_device_plugin.plugin.manager import ManagerHooks, PluginManager, ResourceSpec
-from nvidia_device_plugin.plugin.server import ServerHooks
+from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
 from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor
@@ -54,9 +53,7 @@ class Daemon:
         self.options = options
         self.registry = HealthRegistry()
         self.metrics = DaemonMetrics(self)
-        self.manager = PluginManager(
-            options.plugin_dir, options.kubelet_socket, hooks=_manager_hooks(self.metrics)
-        )
+        self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, events=self.metrics)
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
         self._reload_lock = threading.Lock()
@@ -141,8 +138,14 @@ class Daemon:
     # ---- probes -----------------------------------------------------------------------------
 
     def liveness(self) -> str | None:
-        """None while the process does its job; else why the liveness probe should restart it."""
-        return None
+        """None while the process does its job; else why the liveness probe should restart it.
+
+        Only the registrar can stall the node for good (a dead thread or a registration that never
+        lands): the liveness probe restarts the pod then. A node without resources to serve is live.
+        """
+        if not self.manager.served():
+            return None
+        return self.manager.health()
 
     def readiness(self) -> str | None:
         """None when every served resource is registered with kubelet; otherwise what is missing."""
@@ -255,14 +258,3 @@ class Daemon:
             )
         for name in affected:
             self.manager.notify(name)
-
-
-def _manager_hooks(metrics: DaemonMetrics) -> ManagerHooks:
-    return ManagerHooks(
-        on_registered=[metrics.registered],
-        on_kubelet_restart=[metrics.kubelet_restarted],
-        server=ServerHooks(
-            on_allocate=[lambda r, s, e: metrics.call_answered(r, "Allocate", s, e)],
-            on_preferred=[lambda r, s, e: metrics.call_answered(r, "GetPreferredAllocation", s, e)],
-        ),
-    )

@@ -37,6 +37,7 @@ class PluginEndpoint:
     updates: int = 0  # ListAndWatch messages received
     last_update: float = 0.0  # time.perf_counter() of the last one
     stream: object | None = None
+    watching: bool = False  # its ListAndWatch stream is open
     allocated: set[str] = field(default_factory=set)
 
 
@@ -55,13 +56,21 @@ class KubeletStandIn:
     """Start with start(); restart() behaves like a kubelet restart (sockets wiped, kubelet.sock anew)."""
 
     def __init__(
-        self, plugin_dir: Path, reject: Callable[[pb.RegisterRequest], str | None] | None = None
+        self,
+        plugin_dir: Path,
+        reject: Callable[[pb.RegisterRequest], str | None] | None = None,
+        register_delay: float = 0.0,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.socket = plugin_dir / "kubelet.sock"
         self.reject = reject
+        # Seconds Register takes to answer after the dial-back, as a busy kubelet can.
+        self.register_delay = register_delay
         self.registrations: list[pb.RegisterRequest] = []
         self._plugins: dict[str, PluginEndpoint] = {}
+        # Endpoints replaced by a newer registration of their resource. Like kubelet, the stand-in does not
+        # close them: ending their streams is the plugin's job.
+        self.superseded: list[PluginEndpoint] = []
         self._changed = threading.Condition()
         self._server: grpc.Server | None = None
 
@@ -82,8 +91,9 @@ class KubeletStandIn:
             server.stop(0).wait()
         self.socket.unlink(missing_ok=True)
         with self._changed:
-            plugins = list(self._plugins.values())
+            plugins = list(self._plugins.values()) + self.superseded
             self._plugins.clear()
+            self.superseded = []
             self._changed.notify_all()
         for plugin in plugins:
             plugin.channel.close()
@@ -120,33 +130,45 @@ class KubeletStandIn:
         except grpc.RpcError as exc:
             channel.close()
             return f"cannot dial back plugin at {request.endpoint}: {exc}"
-        plugin = PluginEndpoint(request.resource_name, request.endpoint, options, channel, stub)
+        plugin = PluginEndpoint(
+            request.resource_name, request.endpoint, options, channel, stub, watching=True
+        )
         with self._changed:
             old = self._plugins.get(request.resource_name)
             self._plugins[request.resource_name] = plugin
+            if old is not None:
+                self.superseded.append(old)
             self._changed.notify_all()
-        if old is not None:
-            old.channel.close()
         threading.Thread(
             target=self._watch, args=(plugin,), name=f"kubelet-law-{request.resource_name}"
         ).start()
+        if self.register_delay > 0:
+            time.sleep(self.register_delay)
         return None
 
     def _watch(self, plugin: PluginEndpoint) -> None:
-        stream = plugin.stub.ListAndWatch(pb.Empty())
-        plugin.stream = stream
         try:
+            stream = plugin.stub.ListAndWatch(pb.Empty())
+            plugin.stream = stream
             for response in stream:
                 with self._changed:
                     plugin.devices = {d.ID: d for d in response.devices}
                     plugin.updates += 1
                     plugin.last_update = time.perf_counter()
                     self._changed.notify_all()
-        except grpc.RpcError:
-            pass  # plugin or stand-in went away; a new registration opens a new stream
+        except (grpc.RpcError, ValueError):
+            # The plugin or the stand-in went away (ValueError: the stand-in closed the channel before
+            # the stream opened, when it restarts quickly); a new registration opens a new stream.
+            pass
         finally:
             with self._changed:
+                plugin.watching = False
+                done = plugin in self.superseded
+                if done:  # nobody will use it again: the list stays as long as the open streams
+                    self.superseded.remove(plugin)
                 self._changed.notify_all()
+            if done:
+                plugin.channel.close()
 
     # ---- what a test or the demo asks -------------------------------------------------------
 

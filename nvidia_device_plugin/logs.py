@@ -1,4 +1,11 @@
-"""Log set-up: readable lines by default, one JSON object per line for log pipelines."""
+"""Log set-up: readable lines by default, one JSON object per line for log pipelines.
+
+Log lines quote strings that come from outside (device IDs, resource names, file contents), and a newline
+in one must not forge a line. In text format every control character of a message is escaped (a newline
+becomes the two characters `\\n`), and the lines of a traceback are indented, so a line that starts at
+column 0 is always the start of a real record. JSON is safe by construction: json.dumps escapes control
+characters, and ensure_ascii escapes the Unicode line separators too.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,37 @@ import time
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+# C0 controls, DEL, C1 controls and the Unicode line and paragraph separators, which some viewers break on.
+_UNSAFE = [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = {c: _NAMED.get(chr(c), f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line: control characters written as escapes (`\\n`, `\\x1b`, `\\u2028`)."""
+    return text.translate(_ESCAPES)
+
+
+class TextFormatter(logging.Formatter):
+    """One line per record; a traceback follows on indented lines."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        line = escape_controls(self.formatMessage(record))
+        # Not record.exc_text: another handler may have cached it unescaped.
+        blocks = [self.formatException(record.exc_info)] if record.exc_info else []
+        if record.stack_info:
+            blocks.append(self.formatStack(record.stack_info))
+        for block in blocks:
+            line += "".join(f"\n    {escape_controls(part)}" for part in block.rstrip("\n").split("\n"))
+        return line
 
 
 class JsonFormatter(logging.Formatter):
@@ -23,15 +61,13 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry, sort_keys=False)
+        # ensure_ascii (the default, stated here because the one-line guarantee rests on it).
+        return json.dumps(entry, sort_keys=False, ensure_ascii=True)
 
 
 def configure_logging(level: str = "info", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

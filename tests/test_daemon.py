@@ -327,3 +327,26 @@ def test_pass_device_specs_works_on_a_simulated_mig_node(plugin_dir: Path, kubel
         assert len(caps) == 2  # the GPU instance's and the compute instance's capability
     finally:
         daemon.stop()
+
+
+def test_healthz_fails_while_a_resource_is_unregistered_and_passes_once_registered(plugin_dir: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    daemon = start_daemon(plugin_dir, "t4-single", metrics_address="127.0.0.1:0")
+
+    def healthz() -> tuple[int, str]:
+        assert daemon.probes is not None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{daemon.probes.port}/healthz", timeout=5) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    try:
+        status, body = healthz()  # no kubelet: served, never registered
+        assert status == 503 and "not registered with kubelet: nvidia.com/gpu" in body
+        with KubeletStandIn(plugin_dir) as kubelet:
+            assert kubelet.wait_for(lambda: healthz() == (200, "ok\n"))
+    finally:
+        daemon.stop()

@@ -48,3 +48,45 @@ def test_text_lines_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     assert "hidden" not in err
     with pytest.raises(json.JSONDecodeError):
         json.loads(err.strip())
+
+
+FORGED = "GPU-1\n2024-01-01 00:00:00,000 ERROR   nvidia_device_plugin.daemon: forged\r\x1b[31m\u2028end"
+
+
+def test_text_format_escapes_control_characters_in_untrusted_strings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("info", "text")
+    logging.getLogger("nvidia_device_plugin.plugin.server").warning("unknown device ID %s", FORGED)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one record, one line
+    assert "\u2028" not in err and "\r" not in err and "\x1b" not in err
+    assert "GPU-1\\n2024-01-01" in err and "forged\\r\\x1b[31m\\u2028end" in err
+
+
+def test_text_format_indents_tracebacks_so_no_line_can_pass_for_a_record(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("info", "text")
+    try:
+        raise ValueError(FORGED)
+    except ValueError:
+        logging.getLogger("nvidia_device_plugin.daemon").exception("reload failed")
+    lines = capsys.readouterr().err.splitlines()
+    assert "reload failed" in lines[0]
+    assert len(lines) > 2 and all(line.startswith("    ") for line in lines[1:]), lines
+    assert "ValueError: GPU-1" in lines[-2] and "forged\\r\\x1b[31m\\u2028end" in lines[-1]
+
+
+def test_json_format_keeps_each_record_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("info", "json")
+    logging.getLogger("nvidia_device_plugin.plugin.server").warning("unknown device ID %s", FORGED)
+    try:
+        raise ValueError(FORGED)
+    except ValueError:
+        logging.getLogger("nvidia_device_plugin.daemon").exception("failed on %s", FORGED)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    entries = [json.loads(line) for line in lines]
+    assert entries[0]["msg"] == f"unknown device ID {FORGED}"  # the value survives, escaped only on the wire
+    assert FORGED in entries[1]["error"]

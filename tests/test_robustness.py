@@ -300,9 +300,13 @@ def _allocate_cases(uuids: list[str]) -> dict[str, tuple[pb.AllocateRequest, grp
             STATUS.INVALID_ARGUMENT,
         ),
         "duplicate IDs": (allocate_request([uuids[1], uuids[1]]), STATUS.INVALID_ARGUMENT),
-        "100,000 IDs": (allocate_request([f"GPU-{n}" for n in range(100_000)]), STATUS.INVALID_ARGUMENT),
-        "100,000 copies of a valid ID": (allocate_request([uuids[2]] * 100_000), STATUS.INVALID_ARGUMENT),
-        "20 MB ID (over the message limit)": (allocate_request(["G" * (20 * MB)]), STATUS.RESOURCE_EXHAUSTED),
+        "10,000 IDs": (allocate_request([f"GPU-{n}" for n in range(10_000)]), STATUS.INVALID_ARGUMENT),
+        "10,000 copies of a valid ID": (allocate_request([uuids[2]] * 10_000), STATUS.INVALID_ARGUMENT),
+        "100,000 IDs (over the 1 MiB request limit)": (
+            allocate_request([f"GPU-{n}" for n in range(100_000)]),
+            STATUS.RESOURCE_EXHAUSTED,
+        ),
+        "20 MB ID (over the request limit)": (allocate_request(["G" * (20 * MB)]), STATUS.RESOURCE_EXHAUSTED),
     }
 
 
@@ -313,9 +317,10 @@ def _allocate_cases(uuids: list[str]) -> dict[str, tuple[pb.AllocateRequest, grp
         "empty device list",
         "empty device list in the second container",
         "duplicate IDs",
-        "100,000 IDs",
-        "100,000 copies of a valid ID",
-        "20 MB ID (over the message limit)",
+        "10,000 IDs",
+        "10,000 copies of a valid ID",
+        "100,000 IDs (over the 1 MiB request limit)",
+        "20 MB ID (over the request limit)",
     ],
 )
 def test_malformed_allocate_gets_an_error_and_serving_goes_on(
@@ -332,11 +337,13 @@ def test_malformed_allocate_gets_an_error_and_serving_goes_on(
 def test_multi_megabyte_id_is_refused_with_a_short_message(
     served: tuple[Daemon, KubeletStandIn], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Under the 16 MB message limit, but echoing it whole would exceed gRPC's 16 KiB metadata limit (the
-    # client would see RESOURCE_EXHAUSTED "Stream removed") and put 2 MB into one log line.
+    # Under the 1 MiB request limit, but echoing it whole would exceed gRPC's 16 KiB metadata limit (the
+    # client would see RESOURCE_EXHAUSTED "Stream removed") and put 900 KB into one log line.
     daemon, kubelet = served
     caplog.set_level(logging.INFO, logger="nvidia_device_plugin")
-    err = rpc_error(lambda: kubelet.plugin(GPU).stub.Allocate(allocate_request(["G" * (2 * MB)]), timeout=10))
+    err = rpc_error(
+        lambda: kubelet.plugin(GPU).stub.Allocate(allocate_request(["G" * (900 * 1024)]), timeout=10)
+    )
     assert err.code() == STATUS.INVALID_ARGUMENT, err.details()
     assert "unknown device ID" in (err.details() or "")
     assert len(err.details() or "") < 4096

@@ -2,7 +2,13 @@
 
 Kubelet announces a restart by deleting every socket in the device-plugin directory and creating
 `kubelet.sock` anew; a watchdog observer on that directory turns both into re-serve + re-register
-work for one registrar thread, so every state change is handled in one place, in order.
+work for one registrar thread, so every state change is handled in one place, in order. Every few
+seconds the registrar also checks the sockets itself, so an event the watch missed (or a watch lost
+with its directory) costs seconds, not the node.
+
+The registrar is supervised: a failure of any kind (binding a socket, registering, watching the
+directory) is logged once per distinct reason and retried with backoff; the thread never ends before
+stop(). health() says whether all of that is working.
 """
 
 from __future__ import annotations
@@ -10,23 +16,29 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
-from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
-from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
-from nvidia_device_plugin.fswatch import stop_watching, watch_directories
-from nvidia_device_plugin.plugin.server import ResourceBackend, ResourceServer, ServerHooks
+from nvidia_device_plugin.events import NO_EVENTS, Events
+from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
+from nvidia_device_plugin.plugin.registration import (
+    REGISTER_TIMEOUT_SECONDS,
+    FailureLog,
+    RegistrationError,
+    register,
+)
+from nvidia_device_plugin.plugin.server import BindError, ResourceBackend, ResourceServer
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
+_WATCH = "watch"  # FailureLog key of the directory watch
+_KUBELET = "kubelet"  # FailureLog key of a missing kubelet socket
+_REGISTRAR = "registrar"  # FailureLog key of an unexpected registrar failure
 
 
 @dataclass(frozen=True)
@@ -36,39 +48,6 @@ class ResourceSpec:
     name: str
     socket_name: str
     backend: ResourceBackend
-
-
-@dataclass
-class ManagerHooks:
-    on_registered: list[Callable[[str], None]]
-    on_kubelet_restart: list[Callable[[], None]]
-    server: ServerHooks
-
-    @classmethod
-    def empty(cls) -> ManagerHooks:
-        return cls(on_registered=[], on_kubelet_restart=[], server=ServerHooks())
-
-
-class RegistrationError(Exception):
-    pass
-
-
-def register(kubelet_socket: Path, resource_name: str, endpoint: str, timeout: float = 2.0) -> None:
-    """One Register call to kubelet; raises RegistrationError with kubelet's reason."""
-    request = pb.RegisterRequest(
-        version=API_VERSION,
-        endpoint=endpoint,
-        resource_name=resource_name,
-        options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
-    )
-    with grpc.insecure_channel(f"unix:{kubelet_socket}") as channel:
-        try:
-            # No wait_for_ready: gRPC's reconnect backoff starts at a second; our own retry loop is faster.
-            pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
-        except grpc.RpcError as exc:
-            code = exc.code() if hasattr(exc, "code") else None
-            details = exc.details() if hasattr(exc, "details") else str(exc)
-            raise RegistrationError(f"{code.name if code else 'error'}: {details}") from exc
 
 
 class _DirectoryEvents(FileSystemEventHandler):
@@ -90,15 +69,17 @@ class PluginManager:
         self,
         plugin_dir: Path,
         kubelet_socket: str = KUBELET_SOCKET,
-        hooks: ManagerHooks | None = None,
+        events: Events = NO_EVENTS,
         min_retry_seconds: float = 0.05,
         max_retry_seconds: float = 2.0,
+        register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / kubelet_socket
-        self.hooks = hooks or ManagerHooks.empty()
+        self._events = events
         self._min_retry = min_retry_seconds
         self._max_retry = max_retry_seconds
+        self._register_timeout = register_timeout_seconds
         self._servers: dict[str, ResourceServer] = {}
         self._registered: set[str] = set()
         # Resources to (re)register, each with the number of the request: a kubelet restart that lands
@@ -106,69 +87,147 @@ class PluginManager:
         self._pending: dict[str, int] = {}
         self._requests = itertools.count(1)
         self._rebind: set[str] = set()  # resources whose socket must be served anew first
+        self._kubelet_inode: int | None = None  # of the kubelet.sock last registered with
         self._lock = threading.Lock()
+        # Held while starting or stopping servers, so apply() and the registrar never race on one.
+        self._serving = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._last_failure: dict[str, str] = {}
+        self._failures = FailureLog(log)
         self._thread: threading.Thread | None = None
         self._observer: BaseObserver | None = None
+        self._watched_once = False
+
+    @property
+    def events(self) -> Events:
+        return self._events
+
+    @events.setter
+    def events(self, events: Events) -> None:
+        """Replace the listener (one that attaches after construction, as metrics does today)."""
+        self._events = events
+        with self._lock:
+            for server in self._servers.values():
+                server.events = events
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self._observer = watch_directories([self.plugin_dir], _DirectoryEvents(self), "plugin-dir-watch")
-        self._thread = threading.Thread(target=self._run, name="plugin-registrar", daemon=True)
-        self._thread.start()
+        """Start the registrar. Never raises for the directory: the registrar waits for it and says so."""
+        try:
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._failures.report(_WATCH, f"cannot create device-plugin directory {self.plugin_dir}: {exc}")
+        self._stop.clear()
+        self._keep_watching()
+        self._start_registrar()
         if not self.kubelet_socket.exists():
-            log.info("waiting for kubelet: %s does not exist yet", self.kubelet_socket)
+            self._failures.report(
+                _KUBELET, f"waiting for kubelet: {self.kubelet_socket} does not exist yet", logging.INFO
+            )
+
+    def _start_registrar(self) -> None:
+        self._thread = threading.Thread(target=self._supervise, name="plugin-registrar", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._observer is not None:
-            stop_watching(self._observer)
-            self._observer = None
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._observer is not None:
+            stop_watching(self._observer)
+            self._observer = None
+        with self._serving:
+            with self._lock:
+                servers = list(self._servers.values())
+                self._servers.clear()
+                self._registered.clear()
+                self._pending.clear()
+                self._rebind.clear()
+            for server in servers:
+                server.stop()
+                log.info("stopped serving %s", server.resource_name)
+
+    def health(self) -> str | None:
+        """None when the registrar runs and every served resource is registered; else why not."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return "the plugin registrar is not running"
+        if (problem := self._failures.reason(_WATCH)) is not None:
+            return problem
         with self._lock:
-            servers = list(self._servers.values())
-            self._servers.clear()
-            self._registered.clear()
-        for server in servers:
-            server.stop()
-            log.info("stopped serving %s", server.resource_name)
+            missing = sorted(set(self._servers) - self._registered)
+        if not missing:
+            return None
+        reasons = [
+            self._failures.reason(f"bind:{n}") or self._failures.reason(f"register:{n}") for n in missing
+        ]
+        waiting = self._failures.reason(_KUBELET)
+        detail = next((r for r in reasons if r), None) or waiting or "registration in progress"
+        return f"not registered with kubelet: {', '.join(missing)} ({detail})"
 
     # ---- what is served ---------------------------------------------------------------------
 
     def apply(self, specs: Mapping[str, ResourceSpec]) -> None:
-        """Serve exactly `specs`: stop vanished resources, start new ones, push changes to the rest."""
-        with self._lock:
-            gone = [self._servers.pop(name) for name in list(self._servers) if name not in specs]
+        """Serve exactly `specs`: stop vanished resources, start new ones, push changes to the rest.
+
+        A socket that cannot be bound now is logged and left to the registrar to retry; never raises for it.
+        """
+        with self._serving:
+            with self._lock:
+                gone = [self._servers.pop(name) for name in list(self._servers) if name not in specs]
+                for server in gone:
+                    self._forget(server.resource_name)
             for server in gone:
-                self._registered.discard(server.resource_name)
-                self._pending.pop(server.resource_name, None)
-        for server in gone:
-            server.stop()
-            log.info("stopped serving %s: no longer advertised", server.resource_name)
-        for name, spec in specs.items():
-            with self._lock:
-                existing = self._servers.get(name)
-            socket_path = self.plugin_dir / spec.socket_name
-            if existing is not None and existing.socket_path == socket_path:
-                existing.backend = spec.backend
-                existing.notify()
-                continue
-            if existing is not None:
-                existing.stop()
-            server = ResourceServer(name, socket_path, spec.backend, hooks=self.hooks.server)
-            server.start()
-            log.info("serving %s on %s", name, socket_path)
-            with self._lock:
-                self._servers[name] = server
-                self._pending[name] = next(self._requests)
+                server.stop()
+                log.info("stopped serving %s: no longer advertised", server.resource_name)
+            for name, spec in specs.items():
+                self._apply_one(name, spec)
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            log.error("the plugin registrar had stopped; starting it again")
+            self._start_registrar()
         self._wake.set()
+
+    def _apply_one(self, name: str, spec: ResourceSpec) -> None:
+        with self._lock:
+            existing = self._servers.get(name)
+        socket_path = self.plugin_dir / spec.socket_name
+        if existing is not None and existing.socket_path == socket_path:
+            existing.backend = spec.backend
+            existing.notify()
+            return
+        if existing is not None:
+            existing.stop()
+            with self._lock:
+                self._forget(name)
+        server = ResourceServer(name, socket_path, spec.backend, events=self._events)
+        bound = self._bind(server)
+        with self._lock:
+            self._servers[name] = server
+            self._pending[name] = next(self._requests)
+            if not bound:
+                self._rebind.add(name)
+        if bound:
+            log.info("serving %s on %s", name, socket_path)
+
+    def _forget(self, name: str) -> None:
+        """Under self._lock: drop every piece of state kept for resource `name`."""
+        self._registered.discard(name)
+        self._pending.pop(name, None)
+        self._rebind.discard(name)
+        self._failures.clear(f"bind:{name}")
+        self._failures.clear(f"register:{name}")
+
+    def _bind(self, server: ResourceServer) -> bool:
+        """Start `server`; a BindError is logged once per reason and answered False (retried later)."""
+        try:
+            server.start()
+        except BindError as exc:
+            self._failures.report(f"bind:{server.resource_name}", f"{exc}; will retry")
+            return False
+        return True
 
     def notify(self, resource: str | None = None) -> None:
         """Devices of `resource` (all when None) changed: push new ListAndWatch lists at once."""
@@ -193,14 +252,7 @@ class PluginManager:
 
     def _on_path_event(self, path: Path, kind: str) -> None:
         if path == self.kubelet_socket and kind in ("created", "moved"):
-            log.info("kubelet socket %s created: kubelet (re)started, re-registering all resources", path)
-            for hook in self.hooks.on_kubelet_restart:
-                hook()
-            with self._lock:
-                self._rebind.update(self._servers)
-                self._pending.update({name: next(self._requests) for name in self._servers})
-                self._registered.clear()
-            self._wake.set()
+            self._kubelet_restarted(f"kubelet socket {path} created")
             return
         if kind == "deleted":
             with self._lock:
@@ -211,50 +263,153 @@ class PluginManager:
                         self._registered.discard(name)
             self._wake.set()
 
-    def _run(self) -> None:
-        delay = self._min_retry
+    def _kubelet_restarted(self, why: str) -> None:
+        log.info("%s: kubelet (re)started, re-registering all resources", why)
+        self._events.kubelet_restarted()
+        self._reregister_all()
+
+    def _reregister_all(self) -> None:
+        with self._lock:
+            self._rebind.update(self._servers)
+            self._pending.update({name: next(self._requests) for name in self._servers})
+            self._registered.clear()
+            self._kubelet_inode = None
+        self._wake.set()
+
+    # ---- the registrar ----------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        """The registrar thread: runs the loop, and runs it again should it ever raise."""
         while not self._stop.is_set():
-            with self._lock:
-                busy = bool(self._pending or self._rebind)
-            self._wake.wait(timeout=delay if busy else None)
+            try:
+                self._registrar_loop()
+            except BaseException as exc:  # this thread must outlive any bug below it
+                log.exception("the plugin registrar failed (%r); restarting it", exc)
+                self._stop.wait(self._max_retry)
+
+    def _registrar_loop(self) -> None:
+        delay = self._min_retry
+        done = False
+        while not self._stop.is_set():
+            # Idle, the registrar still wakes now and then to check the sockets itself.
+            self._wake.wait(timeout=self._max_retry if done else delay)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            self._rebind_sockets()
-            done = self._register_pending()
+            try:
+                done = self._step()
+            except Exception as exc:
+                self._failures.report(
+                    _REGISTRAR, f"plugin registration failed unexpectedly, will retry: {exc!r}"
+                )
+                done = False
+            else:
+                self._failures.clear(_REGISTRAR)
             # Retry fast right after a kubelet restart, then back off so a dead kubelet costs nothing.
             delay = self._min_retry if done else min(delay * 2, self._max_retry)
 
-    def _rebind_sockets(self) -> None:
+    def _step(self) -> bool:
+        """One round of registrar work; True when nothing is left to retry."""
+        watched = self._keep_watching()
+        self._check_sockets()
+        bound = self._rebind_sockets()
+        registered = self._register_pending()
+        return watched and bound and registered
+
+    def _keep_watching(self) -> bool:
+        """Make sure the directory is watched; a watch lost with its directory is re-established."""
+        if self._observer is not None and watching(self._observer):
+            return True
+        if self._observer is not None:
+            stop_watching(self._observer)
+            self._observer = None
+        if not self.plugin_dir.is_dir():
+            self._failures.report(
+                _WATCH, f"device-plugin directory {self.plugin_dir} does not exist; waiting for it"
+            )
+            return False
+        try:
+            self._observer = watch_directories([self.plugin_dir], _DirectoryEvents(self), "plugin-dir-watch")
+        except OSError as exc:
+            self._failures.report(_WATCH, f"cannot watch device-plugin directory {self.plugin_dir}: {exc}")
+            return False
+        if self._failures.clear(_WATCH):
+            log.info("watching device-plugin directory %s again", self.plugin_dir)
+        if self._watched_once:
+            # Whatever happened while nothing watched (sockets wiped, kubelet back) was not seen.
+            self._reregister_all()
+        self._watched_once = True
+        return True
+
+    def _check_sockets(self) -> None:
+        """What the watch should have told us, checked directly: lost sockets, a new kubelet.sock."""
         with self._lock:
-            todo = [self._servers[n] for n in self._rebind if n in self._servers]
-            self._rebind.clear()
-        for server in todo:
-            if server.socket_intact():
-                continue  # rebinding a live socket would only open a window where Allocate fails
-            server.stop(grace=0)
-            server.start()
-            log.info("serving %s again on %s", server.resource_name, server.socket_path)
+            servers = [(n, s) for n, s in self._servers.items() if n not in self._rebind]
+            registered_with = self._kubelet_inode
+        lost = [name for name, server in servers if not server.socket_intact()]
+        if lost:
+            with self._lock:
+                for name in lost:
+                    if name in self._servers:
+                        self._rebind.add(name)
+                        self._pending[name] = next(self._requests)
+                        self._registered.discard(name)
+        if registered_with is not None and _inode(self.kubelet_socket) not in (None, registered_with):
+            self._kubelet_restarted(f"kubelet socket {self.kubelet_socket} replaced")
+
+    def _rebind_sockets(self) -> bool:
+        """Serve every socket that was lost anew; True when all of them are bound."""
+        with self._lock:
+            todo = sorted(self._rebind)
+        ok = True
+        for name in todo:
+            with self._serving:
+                with self._lock:
+                    server = self._servers.get(name)
+                if server is None:
+                    continue
+                if not server.socket_intact():  # rebinding a live socket only opens a window for failures
+                    server.stop(grace=0)
+                    if not self._bind(server):
+                        ok = False
+                        continue
+                    self._failures.clear(f"bind:{name}")
+                    log.info("serving %s again on %s", name, server.socket_path)
+                with self._lock:
+                    self._rebind.discard(name)
+        return ok
 
     def _register_pending(self) -> bool:
         """Try every pending registration; True when none is left pending."""
         with self._lock:
             todo = [
-                (n, self._servers[n], self._pending[n]) for n in sorted(self._pending) if n in self._servers
+                (n, self._servers[n], self._pending[n])
+                for n in sorted(self._pending)
+                if n in self._servers and n not in self._rebind
             ]
+            unbound = bool(self._rebind)
         if not todo:
-            return True
-        if not self.kubelet_socket.exists():
+            return not unbound
+        kubelet_inode = _inode(self.kubelet_socket)
+        if kubelet_inode is None:
+            self._failures.report(
+                _KUBELET, f"waiting for kubelet: {self.kubelet_socket} does not exist yet", logging.INFO
+            )
             return False
+        if self._failures.clear(_KUBELET):
+            log.info("kubelet socket %s exists", self.kubelet_socket)
         failed = False
         for name, server, request in todo:
             try:
-                register(self.kubelet_socket, name, server.socket_path.name)
+                register(
+                    self.kubelet_socket, name, server.socket_path.name, self._stop, self._register_timeout
+                )
             except RegistrationError as exc:
-                reason = str(exc)
-                if self._last_failure.get(name) != reason:
-                    log.warning("registering %s with kubelet failed, will retry: %s", name, reason)
-                    self._last_failure[name] = reason
+                if self._stop.is_set():
+                    return False
+                self._failures.report(
+                    f"register:{name}", f"registering {name} with kubelet failed, will retry: {exc}"
+                )
                 failed = True
                 continue
             with self._lock:
@@ -264,8 +419,15 @@ class PluginManager:
                     continue  # kubelet restarted meanwhile: this registration went to the old one
                 del self._pending[name]
                 self._registered.add(name)
-            self._last_failure.pop(name, None)
+                self._kubelet_inode = kubelet_inode
+            self._failures.clear(f"register:{name}")
             log.info("registered %s with kubelet (endpoint %s)", name, server.socket_path.name)
-            for hook in self.hooks.on_registered:
-                hook(name)
-        return not failed
+            self._events.registered(name)
+        return not failed and not unbound
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
