@@ -49,7 +49,7 @@ class FakeApiServer:
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-apiserver")
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="fake-apiserver")
 
     @property
     def url(self) -> str:
