@@ -12,7 +12,8 @@ Each container request is checked, then answered the way NVIDIA's k8s-device-plu
   kubelet's retries the same answer. `cdi-cri`: the same names as `cdi_devices`. With `gdrcopyEnabled`,
   `gdsEnabled` or `mofedEnabled`, `k8s.device-plugin.nvidia.com/gdrcopy=all`, `.../gds=all` and
   `.../mofed=all` follow the GPUs, in that order.
-* MPS replicas get the environment and mounts of `sharing/mps.py`.
+* MPS replicas get the environment and mounts of `sharing/mps.py`; n replicas of the GPU in one container
+  (with `failRequestsGreaterThanOne: false`) get n shares of it. A request spanning GPUs is refused.
 * `gdrcopyEnabled` / `gdsEnabled` / `mofedEnabled` set NVIDIA_GDRCOPY / NVIDIA_GDS / NVIDIA_MOFED=enabled,
   under every strategy.
 * When every strategy is a CDI one, that is all: NVIDIA_VISIBLE_DEVICES is left unset (the CDI spec sets
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import posixpath
 import uuid
+from collections import Counter
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,11 +183,15 @@ def _container_response(
         if "cdi-cri" in settings.device_list_strategy:
             response.cdi_devices.extend(api_pb2.CDIDevice(name=name) for name in names)
     if plan.sharing == "mps":
+        # n replicas of the GPU -> n shares of its memory and SMs (_checked_devices keeps them on one GPU).
+        shares = Counter(d.physical_uuid for d in devices if d.replica is not None)
         for dev in physical:
             if dev.replica is None:
                 continue
             replicas = index.replicas_of(dev.physical_uuid)
-            response.envs.update(mps.client_envs(plan.name, dev.memory_bytes, replicas))
+            response.envs.update(
+                mps.client_envs(plan.name, dev.memory_bytes, replicas, shares[dev.physical_uuid])
+            )
             response.mounts.extend(mps.client_mounts(plan.name, dev.physical_uuid, settings.mps_root))
     if settings.gdrcopy_enabled:
         response.envs["NVIDIA_GDRCOPY"] = "enabled"
@@ -240,14 +246,24 @@ def _checked_devices(
         if not health.is_healthy(dev):
             raise AllocationError(f"{where}: device '{device_id}' is unhealthy")
         devices.append(dev)
-    # NVIDIA refuses multi-device requests for MPS replicas always, and for time-slicing replicas
-    # when failRequestsGreaterThanOne is set.
-    limited = plan.fail_requests_greater_than_one or plan.sharing == "mps"
-    if limited and len(devices) > 1 and any(d.replica is not None for d in devices):
+    # failRequestsGreaterThanOne (the default for MPS) refuses multi-device requests for replicas.
+    if (
+        plan.fail_requests_greater_than_one
+        and len(devices) > 1
+        and any(d.replica is not None for d in devices)
+    ):
         raise AllocationError(
             f"{where}: request for '{plan.name}: {len(devices)}' too large: "
             "maximum request size for shared resources is 1"
         )
+    if plan.sharing == "mps":
+        # One control daemon per GPU, and one MPS pipe per resource in the container (sharing/mps.py).
+        gpus = list(dict.fromkeys(f"GPU {d.gpu_index} ({d.physical_uuid})" for d in devices))
+        if len(gpus) > 1:
+            raise AllocationError(
+                f"{where}: MPS replicas of one container must be on one GPU (a container has one MPS pipe "
+                f"per resource), but the request spans {', '.join(gpus)}"
+            )
     return devices
 
 

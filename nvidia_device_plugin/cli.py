@@ -1,4 +1,7 @@
-"""Command line: run (default), demo, plan, check-config. Precedence: flag > env > config file > default."""
+"""Command line: run (default), mps-control-daemon, demo, plan, check-config.
+
+Precedence: flag > env > config file > default.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
+from nvidia_device_plugin.sharing.control_flags import add_arguments as add_mps_control_arguments
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.nvml.backend import NvmlSession
@@ -26,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nvidia_device_plugin")
 
-COMMANDS = ("run", "demo", "plan", "check-config")
+COMMANDS = ("run", "mps-control-daemon", "demo", "plan", "check-config")
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_METRICS_ADDRESS = ":9402"
 
@@ -90,6 +94,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "[env NVDP_METRICS_ADDRESS]",
     )
 
+    mps_control = commands.add_parser(
+        "mps-control-daemon", help="run the MPS control daemons of the GPUs the config shares with MPS"
+    )
+    common(mps_control, None)
+    add_mps_control_arguments(mps_control, environ)
+
     demo = commands.add_parser("demo", help="run the daemon on a simulated node against a kubelet stand-in")
     common(demo, "dgx-a100")
     demo.add_argument(
@@ -124,6 +134,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         if args.command == "plan":
             return _plan(args, load_config)
+        if args.command == "mps-control-daemon":
+            from nvidia_device_plugin.sharing.control_daemon import run as run_mps_control_daemon
+
+            return run_mps_control_daemon(args, env, load_config)
         if args.command == "demo":
             from nvidia_device_plugin.demo import run_demo
 

@@ -29,8 +29,12 @@ from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
-from nvidia_device_plugin.resources import ResourcePlan
-from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor
+from nvidia_device_plugin.sharing.mps import replica_counts
+from nvidia_device_plugin.sharing.readiness import (
+    DEFAULT_POLL_INTERVAL_S,
+    MpsReadinessWatcher,
+    ReadinessChange,
+)
 from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,7 @@ class DaemonOptions:
     watch: ConfigWatcherFactory | None = None
     kubelet_socket: str = "kubelet.sock"
     metrics_address: str = ""  # host:port of /metrics, /healthz, /readyz; empty: no HTTP server
+    mps_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often MPS status files are re-read
 
 
 class Daemon:
@@ -59,8 +64,8 @@ class Daemon:
         self._reload_lock = threading.Lock()
         self._monitor: HealthMonitor | None = None
         self._watcher: ConfigWatcher | None = None
-        self._mps: MpsDaemonSupervisor | None = None
-        self._mps_plans: list[ResourcePlan] = []
+        # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
+        self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
         self._probes = (
             ProbeServer(options.metrics_address, self.metrics.render, self.liveness, self.readiness)
@@ -113,6 +118,7 @@ class Daemon:
         self._unsubscribe = self.registry.subscribe(self._on_health_change)
         self.manager.start()
         self._serve(snapshot)
+        self.mps_readiness.start()
         self._start_health(snapshot)
 
     def _on_config_file_changed(self) -> None:
@@ -124,8 +130,7 @@ class Daemon:
             self._watcher.stop()
         if self._monitor is not None:
             self._monitor.stop()
-        if self._mps is not None:
-            self._mps.stop()
+        self.mps_readiness.stop()
         self.manager.stop()
         if self._unsubscribe is not None:
             self._unsubscribe()
@@ -190,34 +195,27 @@ class Daemon:
     # ---- internals --------------------------------------------------------------------------
 
     def _serve(self, snapshot: Snapshot) -> None:
+        # Read MPS readiness before the new lists are served, so the first list is already right.
+        self.mps_readiness.watch(
+            snapshot.config.flags.mps_root,
+            ((p.name, uuid) for p in snapshot.plans if p.sharing == "mps" for uuid in replica_counts(p)),
+        )
         specs = {
             plan.name: ResourceSpec(
                 plan.name,
                 plan.socket_name,
-                GpuResourceBackend(plan, snapshot.inventory, snapshot.allocation, self.registry),
+                GpuResourceBackend(
+                    plan,
+                    snapshot.inventory,
+                    snapshot.allocation,
+                    self.registry,
+                    mps_gate=self.mps_readiness if plan.sharing == "mps" else None,
+                ),
             )
             for plan in snapshot.plans
         }
         self.snapshot = snapshot
         self.manager.apply(specs)
-        self._supervise_mps(snapshot)
-
-    def _supervise_mps(self, snapshot: Snapshot) -> None:
-        mps_plans = [p for p in snapshot.plans if p.sharing == "mps"]
-        if self._mps is not None:
-            if self._mps_plans == mps_plans:
-                return  # quitting MPS daemons would kill every running MPS client for nothing
-            # Daemons of GPUs that stay shared are adopted by the new supervisor via their pid files.
-            self._mps.stop(quit_daemons=not mps_plans)
-            self._mps = None
-        self._mps_plans = mps_plans
-        if mps_plans:
-            self._mps = MpsDaemonSupervisor(
-                mps_plans,
-                snapshot.config.flags.mps_root,
-                simulated=self.nvml is not None and self.nvml.simulated,
-            )
-            self._mps.start()
 
     def _start_health(self, snapshot: Snapshot) -> None:
         if self._monitor is not None:
@@ -231,6 +229,25 @@ class Daemon:
             events=self.metrics,
         )
         self._monitor.start()
+
+    def _on_mps_readiness_change(self, change: ReadinessChange) -> None:
+        """One log line per MPS readiness flip, and an immediate ListAndWatch push of its resource."""
+        self.metrics.mps_readiness_changed(change.gpu_uuid, change.ready)
+        if change.ready:
+            log.info(
+                "MPS control daemon of GPU %s (%s) is ready: its replicas are advertised Healthy",
+                change.gpu_uuid,
+                change.resource,
+            )
+        else:
+            log.warning(
+                "MPS control daemon of GPU %s (%s) is not ready: %s; its replicas are advertised Unhealthy",
+                change.gpu_uuid,
+                change.resource,
+                change.reason,
+            )
+        if self.snapshot is not None:
+            self.manager.notify(change.resource)
 
     def _on_health_change(self, change: HealthChange) -> None:
         """The one log line per health change, and an immediate ListAndWatch push where it matters."""

@@ -52,5 +52,8 @@ class Events:
     def health_changed(self, change: HealthChange) -> None:
         """A physical device flipped between healthy and unhealthy."""
 
+    def mps_readiness_changed(self, gpu_uuid: str, ready: bool) -> None:
+        """The MPS control daemon of a GPU became ready or not ready (also its first reading)."""
+
 
 NO_EVENTS = Events()

@@ -141,6 +141,12 @@ class DaemonMetrics(Events):
             ["result"],
             registry=registry,
         )
+        self.mps_readiness_changes = Counter(
+            PREFIX + "mps_readiness_changes",
+            "MPS control daemon readiness readings that changed (and first readings), by GPU and new state.",
+            ["gpu_uuid", "ready"],
+            registry=registry,
+        )
         for health in ("healthy", "unhealthy"):
             self.health_changes.labels(health)
         for result in ("applied", "rejected"):
@@ -200,6 +206,9 @@ class DaemonMetrics(Events):
 
     def health_changed(self, change: HealthChange) -> None:
         self.health_changes.labels("healthy" if change.healthy else "unhealthy").inc()
+
+    def mps_readiness_changed(self, gpu_uuid: str, ready: bool) -> None:
+        self.mps_readiness_changes.labels(gpu_uuid, "true" if ready else "false").inc()
 
 
 class _StateCollector(Collector):

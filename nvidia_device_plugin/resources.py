@@ -127,6 +127,9 @@ class ResourcePlan:
 
 
 DEFAULT_GPU_RESOURCE = f"{RESOURCE_PREFIX}/gpu"
+# An MPS server takes at most 48 client processes per GPU (Volta and newer), so more replicas would
+# advertise devices whose pods cannot connect.
+MPS_MAX_CLIENTS_PER_GPU = 48
 
 
 _COMPUTE_INSTANCE_PREFIX = re.compile(r"^\d+c\.")
@@ -343,6 +346,11 @@ def _apply_sharing(
                 raise InventoryError(
                     f"{path} shares {_device_desc(dev)} with MPS, which is not supported for MIG devices; "
                     "share MIG devices with timeSlicing instead"
+                )
+            if mode == "mps" and entry.replicas > MPS_MAX_CLIENTS_PER_GPU:
+                raise ConfigError(
+                    f"{path}.replicas is {entry.replicas}, but {_device_desc(dev)} accepts at most "
+                    f"{MPS_MAX_CLIENTS_PER_GPU} MPS clients (Volta and newer); lower the replicas"
                 )
             taken[dev.id] = path
         name = _shared_name(entry, active.rename_by_default)

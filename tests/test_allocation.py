@@ -99,6 +99,7 @@ MPS = ResourcePlan(
     tuple(_gpu(u, i, r) for i, u in enumerate((GPU0, GPU1)) for r in range(4)),
     sharing="mps",
     replicas=4,
+    fail_requests_greater_than_one=True,  # the loader's default for sharing.mps
 )
 
 # (plan, one container's request); the requests put devices out of plan order on purpose.

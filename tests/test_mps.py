@@ -2,45 +2,30 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fake_mps import eventually, install_fake_control, kill_fake_daemons, lines
 
+from nvidia_device_plugin.allocation import AllocationSettings, allocate
 from nvidia_device_plugin.api.v1beta1 import api_pb2
+from nvidia_device_plugin.config.loader import parse_config_text
+from nvidia_device_plugin.errors import AllocationError, ConfigError
+from nvidia_device_plugin.nvml.backend import open_nvml
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
 from nvidia_device_plugin.sharing import mps, mps_daemon
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor, daemon_specs
+from nvidia_device_plugin.sharing.readiness import read_status
+from nvidia_device_plugin.snapshot import build_snapshot
 
 GIB = 1024**3
 GPU0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
 GPU1 = "GPU-1b1b1b1b-1111-4111-8111-111111111111"
-
-# Stands in for nvidia-cuda-mps-control: `-d` records its argv and environment, starts a long sleep as
-# "the daemon" and writes its pid file; without arguments it records the command read from stdin and
-# carries out `quit`.
-FAKE_CONTROL = """#!/bin/bash
-set -u
-pipe="$CUDA_MPS_PIPE_DIRECTORY"
-if [ "${1:-}" = "-d" ]; then
-  env > "$pipe/daemon.env"
-  echo "$*" >> "$pipe/launches"
-  sleep 600 </dev/null >/dev/null 2>&1 &
-  echo $! >> "$pipe/started-pids"
-  echo $! > "$pipe/nvidia-cuda-mps-control.pid"
-  exit 0
-fi
-read -r command
-echo "$command" >> "$pipe/commands"
-if [ "$command" = "quit" ]; then
-  kill "$(cat "$pipe/nvidia-cuda-mps-control.pid")"
-fi
-"""
 
 
 def _replica(uuid: str, index: int, replica: int, memory: int = 80 * GIB) -> AdvertisedDevice:
@@ -54,40 +39,27 @@ def _mps_plan(name: str = "nvidia.com/gpu", replicas: int = 4) -> ResourcePlan:
 
 @pytest.fixture
 def fake_control(tmp_path: Path) -> Iterator[str]:
-    path = tmp_path / "nvidia-cuda-mps-control"
-    path.write_text(FAKE_CONTROL)
-    path.chmod(0o755)
-    yield str(path)
-    # Whatever a failing test left running: only the sleeps this fake started, by their ids.
-    for pids in tmp_path.rglob("started-pids"):
-        for pid in pids.read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+    yield install_fake_control(tmp_path)
+    kill_fake_daemons(tmp_path)
 
 
-def _eventually(condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
-    """Wait for `condition`; the limit only turns a hang into a failure, it measures nothing."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.01)
-
-
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def _supervisor(root: Path, control: str, plans: list[ResourcePlan] | None = None) -> MpsDaemonSupervisor:
-    return MpsDaemonSupervisor(
-        [_mps_plan()] if plans is None else plans,
-        str(root),
+def _supervisor(
+    root: Path, control: str, plans: list[ResourcePlan] | None = None
+) -> tuple[MpsDaemonSupervisor, list[mps_daemon.MpsDaemonSpec]]:
+    supervisor = MpsDaemonSupervisor(
         control_path=control,
         check_interval_s=0.01,
         start_timeout_s=5.0,
         backoff_initial_s=0.01,
         backoff_max_s=0.05,
     )
+    specs = [s for plan in ([_mps_plan()] if plans is None else plans) for s in daemon_specs(plan, str(root))]
+    supervisor.update(specs)
+    return supervisor, specs
+
+
+def _all_ready(specs: list[mps_daemon.MpsDaemonSpec]) -> bool:
+    return all(read_status(s.status_path).ready for s in specs)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -146,111 +118,160 @@ def test_plans_not_shared_with_mps_get_no_daemons() -> None:
     assert daemon_specs(time_sliced, "/var/mps") == ()
 
 
+def test_several_replicas_of_one_gpu_get_that_many_shares() -> None:
+    envs = mps.client_envs("nvidia.com/gpu", 80 * GIB, 4, shares=3)
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=61440M"  # 3 x 20480 MiB
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "75"
+    assert mps.active_thread_percentage(3, shares=3) == 99  # 3 x 33, the rounding of one share kept
+    assert mps.active_thread_percentage(1, shares=2) == 100  # never more than the whole GPU
+
+
+def test_allocate_scales_limits_with_replicas_when_requests_may_exceed_one() -> None:
+    plan = _mps_plan(replicas=4)
+    response = allocate(plan, [[replica_id(GPU1, 0), replica_id(GPU1, 2)]], AllocationSettings())
+    envs = response.container_responses[0].envs
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+
+
+def test_allocate_refuses_mps_replicas_of_two_gpus_in_one_container() -> None:
+    with pytest.raises(AllocationError, match=rf"must be on one GPU .* spans GPU 0 \({GPU0}\), GPU 1"):
+        allocate(_mps_plan(), [[replica_id(GPU0, 0), replica_id(GPU1, 0)]], AllocationSettings())
+
+
+def test_allocate_honours_fail_requests_greater_than_one_for_mps() -> None:
+    plan = replace(_mps_plan(), fail_requests_greater_than_one=True)
+    with pytest.raises(AllocationError, match="maximum request size for shared resources is 1"):
+        allocate(plan, [[replica_id(GPU0, 0), replica_id(GPU0, 1)]], AllocationSettings())
+
+
+def test_preference_keeps_a_multi_replica_request_on_the_fullest_gpu_that_fits() -> None:
+    plan = _mps_plan(replicas=4)
+    available = [replica_id(GPU0, r) for r in range(4)] + [replica_id(GPU1, r) for r in (1, 3)]
+    assert mps.single_gpu_preference(plan, available, [], 2) == [replica_id(GPU1, 1), replica_id(GPU1, 3)]
+    assert mps.single_gpu_preference(plan, available, [], 3) == [replica_id(GPU0, r) for r in range(3)]
+    assert mps.single_gpu_preference(plan, available, [replica_id(GPU0, 3)], 2) == [
+        replica_id(GPU0, 3),
+        replica_id(GPU0, 0),
+    ]
+    assert mps.single_gpu_preference(plan, available, [], 5) is None
+
+
+def test_more_than_48_mps_replicas_per_gpu_is_refused_naming_the_gpu() -> None:
+    text = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 49\n"
+    session = open_nvml("t4-single")
+    try:
+        with pytest.raises(ConfigError, match=r"replicas is 49, but GPU 0 \(GPU-.*\) accepts at most 48 MPS"):
+            build_snapshot(session, parse_config_text(text))
+        build_snapshot(session, parse_config_text(text.replace("49", "48")))
+    finally:
+        session.close()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Supervisor
 
 
 def test_supervisor_starts_one_daemon_per_gpu_with_its_environment(tmp_path: Path, fake_control: str) -> None:
-    supervisor = _supervisor(tmp_path / "mps", fake_control)
+    supervisor, specs = _supervisor(tmp_path / "mps", fake_control)
     supervisor.start()
     try:
-        assert supervisor.wait_ready(10.0)
+        eventually(lambda: _all_ready(specs), "both daemons ready")
         for gpu in (GPU0, GPU1):
             pipe = tmp_path / "mps" / "nvidia.com/gpu" / gpu / "pipe"
-            env = dict(line.split("=", 1) for line in _lines(pipe / "daemon.env") if "=" in line)
+            env = dict(line.split("=", 1) for line in lines(pipe / "daemon.env") if "=" in line)
             assert env["CUDA_VISIBLE_DEVICES"] == gpu
             assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
             assert env["CUDA_MPS_LOG_DIRECTORY"] == str(pipe.parent / "log")
             assert (pipe.parent / "log").is_dir()
-            assert _lines(pipe / "launches") == ["-d"]
-            assert _lines(pipe / "commands") == [
+            assert lines(pipe / "launches") == ["-d"]
+            assert lines(pipe / "commands") == [
                 "set_default_device_pinned_mem_limit 0 20480M",
                 "set_default_active_thread_percentage 25",
             ]
+            status = read_status(str(pipe.parent / "status.json"))
+            assert status.ready and status.pid == mps_daemon.running_pid(str(pipe))
     finally:
         supervisor.stop()
 
 
-def test_supervisor_restarts_a_daemon_that_died(tmp_path: Path, fake_control: str) -> None:
-    supervisor = _supervisor(tmp_path, fake_control, [_mps_plan(replicas=2)])
+def test_supervisor_restarts_a_daemon_that_died_and_says_so_meanwhile(
+    tmp_path: Path, fake_control: str
+) -> None:
+    supervisor, specs = _supervisor(tmp_path, fake_control, [_mps_plan(replicas=2)])
     pipe = tmp_path / "nvidia.com/gpu" / GPU0 / "pipe"
     supervisor.start()
     try:
-        assert supervisor.wait_ready(10.0)
+        eventually(lambda: _all_ready(specs), "both daemons ready")
         first = mps_daemon.running_pid(str(pipe))
         assert first is not None
+        (tmp_path / "refuse-start").touch()
         os.kill(first, signal.SIGKILL)
-        _eventually(lambda: len(_lines(pipe / "launches")) == 2, "a second launch")
-        _eventually(
-            lambda: len(_lines(pipe / "commands")) == 4 and supervisor.ready(), "the restarted daemon"
+        eventually(lambda: not read_status(specs[0].status_path).ready, "GPU 0 not ready")
+        assert (
+            "exited" in read_status(specs[0].status_path).reason
+            or "refusing" in read_status(specs[0].status_path).reason
         )
+        (tmp_path / "refuse-start").unlink()
+        eventually(lambda: len(lines(pipe / "launches")) == 2, "a second launch")
+        eventually(lambda: _all_ready(specs), "the restarted daemon ready")
         second = mps_daemon.running_pid(str(pipe))
         assert second is not None and second != first
-        assert _lines(pipe / "commands")[2:] == _lines(pipe / "commands")[:2]  # limits set again
+        assert lines(pipe / "commands")[2:] == lines(pipe / "commands")[:2]  # limits set again
         other = tmp_path / "nvidia.com/gpu" / GPU1 / "pipe"
-        assert _lines(other / "launches") == ["-d"]  # the other GPU's daemon was left alone
+        assert lines(other / "launches") == ["-d"]  # the other GPU's daemon was left alone
     finally:
         supervisor.stop()
 
 
-def test_stop_sends_quit_and_the_daemons_are_gone(tmp_path: Path, fake_control: str) -> None:
-    supervisor = _supervisor(tmp_path, fake_control)
+def test_only_daemons_no_longer_wanted_get_quit(tmp_path: Path, fake_control: str) -> None:
+    supervisor, specs = _supervisor(tmp_path, fake_control)
     supervisor.start()
-    assert supervisor.wait_ready(10.0)
+    eventually(lambda: _all_ready(specs), "both daemons ready")
     pipes = [tmp_path / "nvidia.com/gpu" / gpu / "pipe" for gpu in (GPU0, GPU1)]
-    pids = [mps_daemon.running_pid(str(p)) for p in pipes]
+    kept_pid = mps_daemon.running_pid(str(pipes[1]))
+    supervisor.update([specs[1]])
+    assert lines(pipes[0] / "commands")[-1] == "quit"
+    assert mps_daemon.running_pid(str(pipes[0])) is None
+    assert not (pipes[0].parent / "status.json").exists()
+    assert "quit" not in lines(pipes[1] / "commands")
     supervisor.stop()
-    for pipe, pid in zip(pipes, pids, strict=True):
-        assert pid is not None
-        assert _lines(pipe / "commands")[-1] == "quit"
-        assert mps_daemon.running_pid(str(pipe)) is None
-    assert not supervisor.ready()
+    assert mps_daemon.running_pid(str(pipes[1])) == kept_pid  # stop() quits nothing
+    assert read_status(specs[1].status_path).ready
 
 
 def test_a_successor_adopts_running_daemons_instead_of_starting_more(
     tmp_path: Path, fake_control: str
 ) -> None:
-    first = _supervisor(tmp_path, fake_control)
+    first, specs = _supervisor(tmp_path, fake_control)
     first.start()
-    assert first.wait_ready(10.0)
-    first.stop(quit_daemons=False)
+    eventually(lambda: _all_ready(specs), "both daemons ready")
+    first.stop()
     pipe = tmp_path / "nvidia.com/gpu" / GPU0 / "pipe"
     pid = mps_daemon.running_pid(str(pipe))
     assert pid is not None
 
-    second = _supervisor(tmp_path, fake_control)
+    second, _ = _supervisor(tmp_path, fake_control)
     second.start()
     try:
-        assert second.wait_ready(10.0)
-        assert _lines(pipe / "launches") == ["-d"]
+        eventually(lambda: all(s is not None and s.ready for s in second.statuses().values()), "adopted")
+        assert lines(pipe / "launches") == ["-d"]
         assert mps_daemon.running_pid(str(pipe)) == pid
     finally:
         second.stop()
 
 
-def test_simulated_node_starts_nothing_and_says_so_once(
-    tmp_path: Path, fake_control: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    supervisor = MpsDaemonSupervisor(
-        [_mps_plan()], str(tmp_path / "mps"), control_path=fake_control, simulated=True
-    )
-    with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.sharing.mps_daemon"):
-        supervisor.start()
-        supervisor.stop()
-    assert [r.getMessage() for r in caplog.records] == ["MPS control daemon not started: simulated node"]
-    assert supervisor.ready()
-    assert not (tmp_path / "mps").exists()
-
-
-def test_a_missing_control_binary_is_reported_and_never_ready(
+def test_a_missing_control_binary_is_reported_per_gpu_and_never_ready(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    supervisor = _supervisor(tmp_path, str(tmp_path / "no-such-binary"), [_mps_plan(replicas=2)])
+    missing = str(tmp_path / "no-such-binary")
+    supervisor, specs = _supervisor(tmp_path, missing, [_mps_plan(replicas=2)])
     with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.sharing.mps_daemon"):
         supervisor.start()
-        _eventually(
-            lambda: any("failed to start" in r.getMessage() for r in caplog.records), "the start failure"
-        )
-        assert not supervisor.ready()
+        eventually(lambda: all(os.path.exists(s.status_path) for s in specs), "both status files")
         supervisor.stop()
-    assert any(str(tmp_path / "no-such-binary") in r.getMessage() for r in caplog.records)
+    for spec in specs:
+        status = read_status(spec.status_path)
+        assert not status.ready and missing in status.reason
+    assert any(missing in r.getMessage() and GPU1 in r.getMessage() for r in caplog.records)

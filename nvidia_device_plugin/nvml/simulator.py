@@ -468,6 +468,37 @@ class SimulatedNvml:
         pci: PciInfo = info
         return pci
 
+    # ---- pynvml: compute mode (mps-control-daemon) ------------------------------------------------
+    # Kept at the end of the class so that parallel edits above merge cleanly. Every GPU starts in
+    # DEFAULT; MIG devices have no compute mode of their own (NOT_SUPPORTED, as on a real A100/H100).
+
+    def _compute_modes(self) -> dict[int, int]:
+        modes: dict[int, int] = vars(self).setdefault("_compute_mode_by_gpu", {})
+        return modes
+
+    @_api
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        gpu, mig = self._device(handle)
+        if mig:
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with self._lock:
+            mode: int = self._compute_modes().get(gpu.index, pynvml.NVML_COMPUTEMODE_DEFAULT)
+        return mode
+
+    @_api
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        gpu, mig = self._device(handle)
+        if mig:
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if mode not in (
+            pynvml.NVML_COMPUTEMODE_DEFAULT,
+            pynvml.NVML_COMPUTEMODE_PROHIBITED,
+            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        ):
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            self._compute_modes()[gpu.index] = mode
+
 
 def simulated_functions() -> list[str]:
     """Names of the pynvml functions this simulator implements."""

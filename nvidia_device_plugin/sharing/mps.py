@@ -10,15 +10,21 @@ host and in the plugin container:
 The container sees what NVIDIA's plugin gives it: /mps/<resource>/pipe, /mps/<resource>/log (read-only),
 and /dev/shm. Its limits are the GPU's memory and SMs split evenly among the replicas:
 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<memory / replicas, in MiB>M" and
-CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<100 // replicas>. The control daemons (sharing/mps_daemon.py) get the
-same values as their defaults; the daemon's values are the ones that hold, because a container can change
-its own environment.
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<100 // replicas>. A container holding n replicas of the GPU (allowed
+with `failRequestsGreaterThanOne: false`) gets n shares: n x the memory, n x the percentage (at most 100).
+The control daemons (sharing/mps_daemon.py, run by `mps-control-daemon`) get the one-replica values as
+their defaults, so a client that drops these variables still gets one share, never more.
+
+All of one container's MPS replicas must be on one GPU: it has one pipe directory per resource, and each
+GPU has its own control daemon. GetPreferredAllocation keeps a multi-replica request on one GPU
+(`single_gpu_preference`), and Allocate refuses one that spans GPUs.
 """
 
 from __future__ import annotations
 
 import posixpath
 from collections import Counter
+from collections.abc import Sequence
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.resources import ResourcePlan
@@ -53,9 +59,9 @@ def pinned_memory_limit_mib(memory_bytes: int, replicas: int) -> int:
     return memory_bytes // max(replicas, 1) // _MIB
 
 
-def active_thread_percentage(replicas: int) -> int:
-    """Each replica's share of the SMs, in whole percent (rounded down, at least 1)."""
-    return max(100 // max(replicas, 1), 1)
+def active_thread_percentage(replicas: int, shares: int = 1) -> int:
+    """`shares` replicas' share of the SMs, in whole percent (rounded down, at least 1, at most 100)."""
+    return min(max(100 // max(replicas, 1), 1) * max(shares, 1), 100)
 
 
 def replica_counts(plan: ResourcePlan) -> Counter[str]:
@@ -63,14 +69,39 @@ def replica_counts(plan: ResourcePlan) -> Counter[str]:
     return Counter(d.physical_uuid for d in plan.devices if d.replica is not None)
 
 
-def client_envs(resource_name: str, memory_bytes: int, replicas: int) -> dict[str, str]:
-    """Environment for a container holding one MPS replica of a device with `memory_bytes`."""
+def client_envs(resource_name: str, memory_bytes: int, replicas: int, shares: int = 1) -> dict[str, str]:
+    """Environment for a container holding `shares` MPS replicas of a device with `memory_bytes`."""
+    memory_mib = pinned_memory_limit_mib(memory_bytes, replicas) * max(shares, 1)
     return {
         "CUDA_MPS_PIPE_DIRECTORY": container_pipe_dir(resource_name),
         "CUDA_MPS_LOG_DIRECTORY": container_log_dir(resource_name),
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={pinned_memory_limit_mib(memory_bytes, replicas)}M",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(active_thread_percentage(replicas)),
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_mib}M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(active_thread_percentage(replicas, shares)),
     }
+
+
+def single_gpu_preference(
+    plan: ResourcePlan, available: Sequence[str], must_include: Sequence[str], size: int
+) -> list[str] | None:
+    """`size` available replicas of one GPU (the one with the fewest free that still fits), or None.
+
+    With `must_include`, only its GPU qualifies (None when it names replicas of several GPUs).
+    """
+    offered = set(available) | set(must_include)
+    free: dict[str, list[str]] = {}
+    for dev in plan.devices:
+        if dev.replica is not None and dev.id in offered:
+            free.setdefault(dev.physical_uuid, []).append(dev.id)
+    required = {d.physical_uuid for d in plan.devices if d.id in set(must_include)}
+    if len(required) > 1:
+        return None
+    fitting = [(len(ids), uuid) for uuid, ids in free.items() if len(ids) >= size and required <= {uuid}]
+    if not fitting:
+        return None
+    _, uuid = min(fitting)
+    chosen = [i for i in must_include if i in free[uuid]]
+    chosen += [i for i in free[uuid] if i not in chosen][: size - len(chosen)]
+    return chosen
 
 
 def client_mounts(resource_name: str, gpu_uuid: str, mps_root: str) -> list[api_pb2.Mount]:

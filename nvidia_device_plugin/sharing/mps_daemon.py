@@ -4,8 +4,10 @@ Each runs with `CUDA_VISIBLE_DEVICES` set to its GPU alone. NVIDIA's plugin runs
 instead. One per GPU is used here for two reasons. An MPS server that hits a fatal fault takes all its
 clients down, and with one daemon per GPU that is one GPU's clients, not the whole node's. And with a
 single visible GPU the daemon's device ordinal 0 always means that GPU, so the pinned-memory limit lands on
-the right device. A container gets at most one MPS replica (NVIDIA refuses larger MPS requests too), so it
-always needs exactly one pipe directory. Paths and limits come from sharing/mps.py.
+the right device. The price: a container's MPS replicas must all be on one GPU, since it has one pipe
+directory per resource (allocation.py refuses a request that spans GPUs). Paths and limits come from
+sharing/mps.py; readiness is published through sharing/readiness.py. This supervisor runs inside the
+`mps-control-daemon` command (sharing/control_daemon.py), never inside the device plugin.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.sharing.control_flags import CONTROL_EXECUTABLE
 from nvidia_device_plugin.sharing.mps import (
     active_thread_percentage,
     host_log_dir,
@@ -29,10 +33,10 @@ from nvidia_device_plugin.sharing.mps import (
     pinned_memory_limit_mib,
     replica_counts,
 )
+from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
 
 log = logging.getLogger(__name__)
 
-CONTROL_EXECUTABLE = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon into its pipe directory
 
 
@@ -44,6 +48,7 @@ class MpsDaemonSpec:
     gpu_uuid: str
     pipe_dir: str
     log_dir: str
+    status_path: str
     pinned_memory_limit_mib: int
     active_thread_percentage: int
 
@@ -81,38 +86,52 @@ def daemon_specs(plan: ResourcePlan, mps_root: str) -> tuple[MpsDaemonSpec, ...]
             gpu_uuid=dev.physical_uuid,
             pipe_dir=host_pipe_dir(mps_root, plan.name, dev.physical_uuid),
             log_dir=host_log_dir(mps_root, plan.name, dev.physical_uuid),
+            status_path=status_path(mps_root, plan.name, dev.physical_uuid),
             pinned_memory_limit_mib=pinned_memory_limit_mib(dev.memory_bytes, replicas),
             active_thread_percentage=active_thread_percentage(replicas),
         )
     return tuple(specs.values())
 
 
+Hook = Callable[[MpsDaemonSpec], None]
+
+
+def _no_hook(spec: MpsDaemonSpec) -> None:
+    return None
+
+
 @dataclass
 class _DaemonState:
     spec: MpsDaemonSpec
     pid: int | None = None  # of the running daemon, once seen
-    configured: bool = False
+    prepared: bool = False  # the GPU was made ready for MPS (compute mode)
+    configured: bool = False  # the client defaults were set in the running daemon
     failures: int = 0  # consecutive failed starts or deaths; sets the backoff
     next_attempt: float = 0.0  # monotonic time before which no start or setup is tried
     ready_since: float = 0.0
+    published: GpuMpsStatus | None = None  # what the status file says now
 
 
 class MpsDaemonSupervisor:
-    """Keeps one MPS control daemon running per GPU that `plans` share with MPS, restarting dead ones.
+    """Keeps one MPS control daemon running per GPU it is given, restarting dead ones, publishing readiness.
 
     `nvidia-cuda-mps-control -d` forks the daemon and returns, so the daemon is not our child. It is
-    found through the pid file it writes into its pipe directory. That also lets a restarted plugin adopt
-    the daemons still running from its previous life instead of starting a second set. `stop()` sends
-    `quit` to each daemon through a control client, as `echo quit | nvidia-cuda-mps-control` does.
+    found through the pid file it writes into its pipe directory. That also lets a restarted supervisor
+    adopt the daemons still running from its predecessor instead of starting a second set.
+
+    `update(specs)` says which daemons are wanted: new ones start, kept ones keep running (their client
+    defaults are sent again if the limits changed), and only the ones no longer wanted get `quit`, as
+    `echo quit | nvidia-cuda-mps-control` does. `stop()` never quits a daemon: clients keep running while
+    the supervisor is away. `prepare` runs before a GPU's daemon is started or adopted (compute mode),
+    `release` after it was quit; either raises DevicePluginError to say it failed.
     """
 
     def __init__(
         self,
-        plans: Sequence[ResourcePlan],
-        mps_root: str,
         *,
         control_path: str = CONTROL_EXECUTABLE,
-        simulated: bool = False,
+        prepare: Hook = _no_hook,
+        release: Hook = _no_hook,
         base_env: Mapping[str, str] | None = None,
         check_interval_s: float = 1.0,
         start_timeout_s: float = 10.0,
@@ -120,80 +139,70 @@ class MpsDaemonSupervisor:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
     ) -> None:
-        self._states = [_DaemonState(spec) for plan in plans for spec in daemon_specs(plan, mps_root)]
+        self._states: dict[str, _DaemonState] = {}  # by pipe directory
         self._control_path = control_path
-        self._simulated = simulated
+        self._prepare = prepare
+        self._release = release
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._check_interval_s = check_interval_s
         self._start_timeout_s = start_timeout_s
         self._command_timeout_s = command_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
+        self._lock = threading.Lock()  # one state is checked, or the wanted set changed, at a time
         self._stop = threading.Event()
-        self._ready = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def update(self, specs: Sequence[MpsDaemonSpec]) -> None:
+        """Supervise exactly `specs` from now on; quit (and release) the daemons no longer wanted."""
+        wanted = {spec.pipe_dir: spec for spec in specs}
+        with self._lock:
+            for pipe_dir in [p for p in self._states if p not in wanted]:
+                self._retire(self._states.pop(pipe_dir))
+            for pipe_dir, spec in wanted.items():
+                state = self._states.get(pipe_dir)
+                if state is None:
+                    self._states[pipe_dir] = _DaemonState(spec)
+                elif state.spec != spec:
+                    log.info("MPS limits of %s changed; setting the client defaults again", spec.label)
+                    state.spec = spec
+                    state.configured = False
+                    state.next_attempt = 0.0
+        self._wake.set()
+
+    def statuses(self) -> dict[str, GpuMpsStatus | None]:
+        """What each supervised daemon's status file says now, by GPU UUID (None: not checked yet)."""
+        with self._lock:
+            return {s.spec.gpu_uuid: s.published for s in self._states.values()}
+
     def start(self) -> None:
-        if self._simulated:
-            log.info("MPS control daemon not started: simulated node")
-            self._ready.set()
-            return
-        if not self._states:
-            self._ready.set()
-            return
         if self._thread is not None:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
         self._thread.start()
 
-    def ready(self) -> bool:
-        """True once every daemon is running with its client defaults set (always, when simulated)."""
-        return self._ready.is_set()
-
-    def wait_ready(self, timeout_s: float) -> bool:
-        return self._ready.wait(timeout_s)
-
-    def stop(self, quit_daemons: bool = True) -> None:
-        """Stop supervising and, unless told not to, quit every daemon that is running.
-
-        Quitting a daemon ends the MPS work of every container using it. `quit_daemons=False` leaves the
-        daemons to a successor supervisor, which adopts the ones it still wants.
-        """
-        if self._thread is None:
-            return
+    def stop(self) -> None:
+        """Stop supervising. The daemons keep running, and their status files keep saying what they said."""
         self._stop.set()
-        self._thread.join()
-        self._thread = None
-        self._ready.clear()
-        if not quit_daemons:
-            return
-        for state in self._states:
-            pid = running_pid(state.spec.pipe_dir)
-            if pid is None:
-                continue
-            ok, output = self._send(state.spec, "quit")
-            if not ok:
-                log.warning("MPS control daemon for %s did not take 'quit': %s", state.spec.label, output)
-                continue
-            if self._wait_gone(pid):
-                log.info("MPS control daemon for %s stopped (pid %d)", state.spec.label, pid)
-            else:
-                log.warning(
-                    "MPS control daemon for %s (pid %d) still running after 'quit'", state.spec.label, pid
-                )
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for state in self._states:
+            with self._lock:
+                states = list(self._states.values())
+            for state in states:
                 if self._stop.is_set():
                     return
-                self._check(state)
-            if all(s.configured for s in self._states):
-                self._ready.set()
-            else:
-                self._ready.clear()
-            self._stop.wait(self._check_interval_s)
+                with self._lock:
+                    if self._states.get(state.spec.pipe_dir) is state:
+                        self._check(state)
+            self._wake.wait(self._check_interval_s)
+            self._wake.clear()
 
     def _check(self, state: _DaemonState) -> None:
         spec = state.spec
@@ -204,14 +213,25 @@ class MpsDaemonSupervisor:
             state.configured = False
         if pid is None and state.pid is not None:
             log.warning("MPS control daemon for %s (pid %d) exited", spec.label, state.pid)
+            self._publish(state, False, f"control daemon (pid {state.pid}) exited")
             state.pid = None
             state.configured = False
             self._failed(state, now)
         if now < state.next_attempt:
             return
+        if not state.prepared:
+            try:
+                self._prepare(spec)
+            except DevicePluginError as exc:
+                log.error("MPS control daemon for %s not started: %s", spec.label, exc)
+                self._publish(state, False, str(exc))
+                self._failed(state, now)
+                return
+            state.prepared = True
         if pid is None:
-            pid = self._launch(spec)
+            pid, problem = self._launch(spec)
             if pid is None:
+                self._publish(state, False, problem)
                 self._failed(state, now)
                 return
         elif state.pid is None:
@@ -222,6 +242,7 @@ class MpsDaemonSupervisor:
                 ok, output = self._send(spec, command)
                 if not ok:
                     log.warning("MPS control daemon for %s refused %r: %s", spec.label, command, output)
+                    self._publish(state, False, f"control daemon refused {command!r}: {output}")
                     self._failed(state, now)
                     return
             state.configured = True
@@ -235,6 +256,43 @@ class MpsDaemonSupervisor:
             )
         elif state.failures and now - state.ready_since >= self._backoff_max_s:
             state.failures = 0
+        self._publish(state, True, "running")
+
+    def _publish(self, state: _DaemonState, ready: bool, reason: str) -> None:
+        spec = state.spec
+        status = GpuMpsStatus(
+            ready=ready,
+            reason=reason,
+            pid=state.pid if ready else None,
+            pinned_memory_limit_mib=spec.pinned_memory_limit_mib,
+            active_thread_percentage=spec.active_thread_percentage,
+        )
+        if status == state.published:
+            return
+        try:
+            write_status(spec.status_path, status)
+        except OSError as exc:
+            log.error("MPS control daemon for %s: cannot write %s: %s", spec.label, spec.status_path, exc)
+            return
+        state.published = status
+
+    def _retire(self, state: _DaemonState) -> None:
+        """Quit a daemon that is no longer wanted, give its GPU back, and withdraw its status file."""
+        spec = state.spec
+        Path(spec.status_path).unlink(missing_ok=True)  # first, so no client is sent to a daemon going away
+        pid = running_pid(spec.pipe_dir)
+        if pid is not None:
+            ok, output = self._send(spec, "quit")
+            if not ok:
+                log.warning("MPS control daemon for %s did not take 'quit': %s", spec.label, output)
+            elif self._wait_gone(pid):
+                log.info("MPS control daemon for %s stopped (pid %d): no longer shared", spec.label, pid)
+            else:
+                log.warning("MPS control daemon for %s (pid %d) still running after 'quit'", spec.label, pid)
+        try:
+            self._release(spec)
+        except DevicePluginError as exc:
+            log.error("%s: %s", spec.label, exc)
 
     def _failed(self, state: _DaemonState, now: float) -> None:
         state.failures += 1
@@ -242,36 +300,33 @@ class MpsDaemonSupervisor:
         state.next_attempt = now + delay
         log.info("MPS control daemon for %s: next attempt in %.1fs", state.spec.label, delay)
 
-    def _launch(self, spec: MpsDaemonSpec) -> int | None:
-        """Start the daemon; return its pid once its pid file names a live process, else None."""
+    def _launch(self, spec: MpsDaemonSpec) -> tuple[int | None, str]:
+        """Start the daemon: its pid once its pid file names a live process, else None and why not."""
         try:
             for directory in (spec.pipe_dir, spec.log_dir):
                 os.makedirs(directory, mode=0o755, exist_ok=True)
             Path(spec.pipe_dir, PID_FILE).unlink(missing_ok=True)  # stale: its process is gone
         except OSError as exc:
             log.error("MPS control daemon for %s: cannot prepare %s: %s", spec.label, spec.pipe_dir, exc)
-            return None
+            return None, f"cannot prepare {spec.pipe_dir}: {exc}"
         log.info("Starting MPS control daemon for %s", spec.label)
         ok, output = self._execute(spec, ["-d"], stdin=None)
         if not ok:
             log.error("MPS control daemon for %s failed to start: %s", spec.label, output)
-            return None
+            return None, f"failed to start {self._control_path}: {output}"
         deadline = time.monotonic() + self._start_timeout_s
         while True:
             pid = running_pid(spec.pipe_dir)
             if pid is not None:
-                return pid
+                return pid, ""
             if self._stop.wait(0.02):
-                return None  # shutting down; the next supervisor adopts it if it came up
+                return None, "supervisor stopping"  # a successor adopts it if it came up
             if time.monotonic() >= deadline:
                 break
-        log.error(
-            "MPS control daemon for %s wrote no live pid to %s within %.0fs",
-            spec.label,
-            posixpath.join(spec.pipe_dir, PID_FILE),
-            self._start_timeout_s,
-        )
-        return None
+        pid_file = posixpath.join(spec.pipe_dir, PID_FILE)
+        problem = f"wrote no live pid to {pid_file} within {self._start_timeout_s:.0f}s"
+        log.error("MPS control daemon for %s %s", spec.label, problem)
+        return None, problem
 
     def _send(self, spec: MpsDaemonSpec, command: str) -> tuple[bool, str]:
         return self._execute(spec, [], stdin=command + "\n")
