@@ -46,4 +46,11 @@ class GpuResourceBackend:
     def preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
-        return preferred_allocation(self.plan, self.inventory, available, must_include, size)
+        return preferred_allocation(
+            self.plan,
+            self.inventory,
+            available,
+            must_include,
+            size,
+            policy=self.settings.shared_devices_allocation_policy,
+        )
