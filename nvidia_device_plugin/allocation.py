@@ -27,6 +27,9 @@ Each container request is checked, then answered the way NVIDIA's k8s-device-plu
   compute instance. N comes from the `DeviceFileMinor:` line of
   <procRoot>/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]/access. Host paths are those
   paths under `nvidiaDevRoot`, permissions "rw".
+* `imex.channelIDs: [0]`: /dev/nvidia-caps-imex-channels/channel0 (host path under `nvidiaDevRoot`, "rw")
+  in every container response, under every strategy, when the node exists; as NVIDIA v0.20 does. With
+  `imex.required`, a missing channel is refused at start and on reload (`imex_problem`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
-from nvidia_device_plugin.config.v1 import Config, DeviceIdStrategy, DeviceListStrategies
+from nvidia_device_plugin.config.v1 import (
+    Config,
+    DeviceIdStrategy,
+    DeviceListStrategies,
+    SharedAllocationPolicy,
+)
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.health.registry import DeviceHealth, UnhealthyIds
@@ -55,6 +63,7 @@ CDI_GPU_CLASS = "gpu"
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 MIG_CAPS_DEVICE_DIR = "/dev/nvidia-caps"
+IMEX_CHANNEL_DEVICE_DIR = "/dev/nvidia-caps-imex-channels"
 # Seeds the response IDs, so the same request always yields the same annotation key.
 _RESPONSE_ID_NAMESPACE = uuid.UUID("6f1c2f0e-6a43-4f4e-9d0a-3b1f2c9f7d10")
 
@@ -77,6 +86,9 @@ class AllocationSettings:
     mofed_enabled: bool = False
     proc_root: str = "/proc"  # where the MIG capability files are read
     device_node_probe_root: str = "/"  # where the optional control nodes are looked for
+    shared_devices_allocation_policy: SharedAllocationPolicy = "distributed"
+    imex_channel_ids: tuple[int, ...] = ()
+    imex_required: bool = False
 
     @classmethod
     def from_config(cls, config: Config, host: HostPaths = REAL_HOST) -> AllocationSettings:
@@ -94,6 +106,9 @@ class AllocationSettings:
             mofed_enabled=flags.mofed_enabled,
             proc_root=str(host.proc_root),
             device_node_probe_root=str(host.dev_root),
+            shared_devices_allocation_policy=flags.plugin.shared_devices_allocation_policy,
+            imex_channel_ids=config.imex.channel_ids,
+            imex_required=config.imex.required,
         )
 
     @property
@@ -199,6 +214,12 @@ def _container_response(
         response.envs["NVIDIA_GDS"] = "enabled"
     if settings.mofed_enabled:
         response.envs["NVIDIA_MOFED"] = "enabled"
+    response.devices.extend(
+        api_pb2.DeviceSpec(
+            container_path=path, host_path=_under(settings.nvidia_dev_root, path), permissions="rw"
+        )
+        for path in present_imex_channels(settings)
+    )
     if settings.only_cdi:
         return response
 
@@ -220,6 +241,45 @@ def _container_response(
             for path in _device_paths(i, physical, index, settings)
         )
     return response
+
+
+def imex_channel_path(channel_id: int) -> str:
+    return f"{IMEX_CHANNEL_DEVICE_DIR}/channel{channel_id}"
+
+
+def present_imex_channels(settings: AllocationSettings) -> list[str]:
+    """The configured IMEX channel device nodes that exist on this node (container paths)."""
+    return [
+        path
+        for path in map(imex_channel_path, settings.imex_channel_ids)
+        if Path(_under(settings.device_node_probe_root, path)).exists()
+    ]
+
+
+def imex_problem(settings: AllocationSettings) -> str | None:
+    """Why the config's required IMEX channels cannot be given to containers; None when they can."""
+    if not settings.imex_required:
+        return None
+    present = set(present_imex_channels(settings))
+    missing = [p for p in map(imex_channel_path, settings.imex_channel_ids) if p not in present]
+    if not missing:
+        return None
+    return (
+        f"imex.required is true but IMEX channel {', '.join(missing)} does not exist on this node (under "
+        f"{settings.device_node_probe_root}); create the channel (nvidia-modprobe -i, or the IMEX daemon "
+        "setup) or set imex.required to false"
+    )
+
+
+def imex_summary(settings: AllocationSettings) -> str:
+    """One start-up line on what is done with the `imex` section."""
+    if not settings.imex_channel_ids:
+        return "imex: no IMEX channels configured"
+    present = present_imex_channels(settings)
+    paths = [imex_channel_path(c) for c in settings.imex_channel_ids]
+    state = "present" if len(present) == len(paths) else "missing, not injected until it appears"
+    required = "required" if settings.imex_required else "not required"
+    return f"imex: injecting {', '.join(paths)} into every container ({state}; {required})"
 
 
 def _checked_devices(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.config.flags import add_config_arguments, config_source, resolve_config
-from nvidia_device_plugin.config.loader import load_config_file
+from nvidia_device_plugin.config.loader import gfd_incompatibilities, load_config_file
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.errors import DevicePluginError
@@ -155,10 +155,15 @@ def _check_config(path: str) -> int:
     from nvidia_device_plugin.snapshot import check_config_device_lists
 
     try:
-        check_config_device_lists(load_config_file(path))
+        config = load_config_file(path)  # strict: unknown keys are errors here, warnings in the daemon
+        check_config_device_lists(config)
     except DevicePluginError as exc:
         print(f"{exc}", file=sys.stderr)
         return 1
+    for warning in config.warnings:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    for problem in gfd_incompatibilities(config):
+        print(f"warning: {path}: {problem}", file=sys.stderr)
     print(f"{path}: valid")
     return 0
 

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.allocation import imex_problem, imex_summary
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import describe
-from nvidia_device_plugin.errors import DevicePluginError, NvmlError
+from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health.monitor import HealthMonitor
@@ -107,7 +108,7 @@ class Daemon:
             )
             self.manager.start()
             return
-        snapshot = build_snapshot(self.nvml, config)
+        snapshot = _servable(build_snapshot(self.nvml, config))
         inventory = snapshot.inventory
         log.info(
             "inventory: %d GPUs (%s), driver %s",
@@ -115,6 +116,7 @@ class Daemon:
             ", ".join(sorted({g.name for g in inventory.gpus})) or "none",
             inventory.driver_version,
         )
+        _announce_config(snapshot, None)
         self._unsubscribe = self.registry.subscribe(self._on_health_change)
         self.manager.start()
         self._serve(snapshot)
@@ -173,7 +175,7 @@ class Daemon:
             if old is None or self.nvml is None:
                 return False
             try:
-                snapshot = build_snapshot(self.nvml, self.options.load_config())
+                snapshot = _servable(build_snapshot(self.nvml, self.options.load_config()))
             except Exception as exc:  # whatever went wrong, the last good config keeps serving
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
                 log.error(
@@ -181,6 +183,7 @@ class Daemon:
                 )
                 self.metrics.config_reloaded(False, message)
                 return False
+            _announce_config(snapshot, old)
             self._serve(snapshot)
             if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
                 self._start_health(snapshot)
@@ -275,3 +278,25 @@ class Daemon:
             )
         for name in affected:
             self.manager.notify(name)
+
+
+def _servable(snapshot: Snapshot) -> Snapshot:
+    """`snapshot`, unless its config asks for what this node cannot give (required IMEX channels)."""
+    problem = imex_problem(snapshot.allocation)
+    if problem is not None:
+        raise ConfigError(problem)
+    return snapshot
+
+
+def _announce_config(snapshot: Snapshot, old: Snapshot | None) -> None:
+    """One log line for each config fact an operator must know, when it is new (at start, or changed)."""
+    config = snapshot.config
+    seen = {w.message for w in old.config.warnings} if old is not None else set()
+    for warning in config.warnings:
+        if warning.message not in seen:
+            log.warning("config: %s", warning.message)
+    strategy = config.flags.device_discovery_strategy
+    if strategy == "tegra" and (old is None or old.config.flags.device_discovery_strategy != strategy):
+        log.warning("deviceDiscoveryStrategy tegra is not supported: devices are discovered through NVML")
+    if old is None or old.allocation.imex_channel_ids != snapshot.allocation.imex_channel_ids:
+        log.info("%s", imex_summary(snapshot.allocation))

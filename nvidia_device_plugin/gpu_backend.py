@@ -77,7 +77,14 @@ class GpuResourceBackend:
             together = single_gpu_preference(self.plan, available, must_include, size)
             if together is not None:
                 return together
-        return preferred_allocation(self.plan, self.inventory, available, must_include, size)
+        return preferred_allocation(
+            self.plan,
+            self.inventory,
+            available,
+            must_include,
+            size,
+            policy=self.settings.shared_devices_allocation_policy,
+        )
 
     def _check_mps_ready(self, requests: Sequence[Sequence[str]]) -> None:
         assert self._mps_gate is not None

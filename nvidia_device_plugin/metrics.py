@@ -25,6 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from nvidia_device_plugin import __version__
+from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import CallError, Events, HealthChange
 from nvidia_device_plugin.health.policy import known_xid
@@ -43,6 +44,9 @@ ERROR_CODES = ("invalid_argument", "internal")
 
 class SnapshotView(Protocol):
     """What metrics read from the daemon's current snapshot."""
+
+    @property
+    def config(self) -> Config: ...
 
     @property
     def inventory(self) -> Inventory: ...
@@ -266,6 +270,16 @@ class _StateCollector(Collector):
         yield gpus
         yield mig
         yield driver
+
+        unknown_keys = GaugeMetricFamily(
+            PREFIX + "config_unknown_keys",
+            "1 for each key of the served config that this plugin does not know and ignores (check-config "
+            "refuses them; NVIDIA ignores them silently).",
+            labels=["key"],
+        )
+        for key in sorted(set(snapshot.config.unknown_keys) if snapshot is not None else ()):
+            unknown_keys.add_metric([key], 1)
+        yield unknown_keys
 
         unhealthy = GaugeMetricFamily(
             PREFIX + "unhealthy_device",

@@ -150,10 +150,14 @@ def test_every_option_has_a_flag_an_env_var_and_a_config_path_the_loader_knows()
         assert option.flags and option.env
         assert hasattr(args, option.dest) and getattr(args, option.dest) is None
         sample = {"bool": "true", "list": "envvar", "ints": "0", "str": "none"}[option.kind]
-        env_value = {"flags.deviceDiscoveryStrategy": "auto", "flags.plugin.deviceIDStrategy": "uuid"}.get(
-            option.path, sample
-        )
-        resolve_config(args, {option.env[0]: env_value})  # the path exists: an unknown field would raise
+        env_value = {
+            "flags.deviceDiscoveryStrategy": "auto",
+            "flags.plugin.deviceIDStrategy": "uuid",
+            "flags.plugin.sharedDevicesAllocationPolicy": "packed",
+            "flags.plugin.cdiSpecDir": "/run/cdi",
+        }.get(option.path, sample)
+        # strict: the path exists, as an unknown field would raise
+        resolve_config(args, {option.env[0]: env_value}, strict=True)
 
 
 # --------------------------------------------------------------------------------------------------------

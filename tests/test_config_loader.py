@@ -593,7 +593,6 @@ BAD_INPUTS = [
         "flags: {plugin: {passDeviceSpec: 1}}",
         "flags.plugin.passDeviceSpec: unknown field (did you mean passDeviceSpecs?)",
     ),
-    ("flags: {MigStrategy: none}", "flags.MigStrategy: unknown field (did you mean migStrategy?)"),
     ("flags: {failOnInitError: 'yes'}", "flags.failOnInitError must be a boolean, got 'yes'"),
     ("flags: {failOnInitError: 1}", "flags.failOnInitError must be a boolean, got 1"),
     ("flags: {migStrategy: mix}", "flags.migStrategy must be one of none, single, mixed, got 'mix'"),
@@ -633,7 +632,8 @@ BAD_INPUTS = [
     ),
     (
         "flags: {gfd: {sleepInterval: soon}}",
-        "flags.gfd.sleepInterval must be a duration such as '60s', got 'soon'",
+        "flags.gfd.sleepInterval must be a duration such as '60s' or '1m30s', a number of nanoseconds, or "
+        "'infinite', got 'soon'",
     ),
     ("flags: {gfd: {oneshot: maybe}}", "flags.gfd.oneshot must be a boolean, got 'maybe'"),
     ("resources: {gpus: {pattern: x}}", "resources.gpus must be a list, got {'pattern': 'x'}"),

@@ -135,7 +135,7 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         ("--device-discovery-strategy",),
         ("DEVICE_DISCOVERY_STRATEGY",),
         "str",
-        "auto, nvml or tegra (accepted for compatibility; discovery always uses NVML)",
+        "auto, nvml or tegra (discovery always uses NVML; tegra is logged as unsupported)",
     ),
     ConfigOption(
         "flags.plugin.passDeviceSpecs",
@@ -159,6 +159,13 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         "how devices are named to the container runtime: uuid or index",
     ),
     ConfigOption(
+        "flags.plugin.sharedDevicesAllocationPolicy",
+        ("--shared-devices-allocation-policy",),
+        ("SHARED_DEVICES_ALLOCATION_POLICY",),
+        "str",
+        "how replicas of shared GPUs are picked: distributed (spread, the default) or packed (fill GPUs)",
+    ),
+    ConfigOption(
         "flags.plugin.cdiAnnotationPrefix",
         ("--cdi-annotation-prefix",),
         ("CDI_ANNOTATION_PREFIX",),
@@ -180,18 +187,39 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         "where the driver root is mounted inside this container (for CDI specs)",
     ),
     ConfigOption(
+        "flags.plugin.cdiFeatureFlags",
+        ("--cdi-feature-flags",),
+        ("CDI_FEATURE_FLAGS",),
+        "list",
+        "feature flags for CDI spec generation (comma-separated)",
+    ),
+    ConfigOption(
+        "flags.plugin.cdiDisableHooks",
+        ("--cdi-disable-hooks",),
+        ("CDI_DISABLE_HOOKS",),
+        "list",
+        "CDI hooks to leave out of generated CDI specs (comma-separated)",
+    ),
+    ConfigOption(
+        "flags.plugin.cdiSpecDir",
+        ("--cdi-spec-dir",),
+        ("CDI_SPEC_DIR",),
+        "str",
+        "directory where generated CDI specs are written (default /var/run/cdi)",
+    ),
+    ConfigOption(
         "imex.channelIDs",
         ("--imex-channel-ids",),
         ("IMEX_CHANNEL_IDS",),
         "ints",
-        "IMEX channels to inject (accepted for compatibility; not injected)",
+        "IMEX channels to inject into every container (only 0 is valid)",
     ),
     ConfigOption(
         "imex.required",
         ("--imex-required",),
         ("IMEX_REQUIRED",),
         "bool",
-        "whether the IMEX channels are required (accepted for compatibility)",
+        "refuse to serve when an IMEX channel's device node is missing",
     ),
 )
 
@@ -315,10 +343,14 @@ def config_source(args: argparse.Namespace, environ: Mapping[str, str]) -> Confi
     return ConfigSource.from_file(Path(file)) if file else ConfigSource()
 
 
-def resolve_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
-    """The whole precedence chain: the chosen file, flag and environment overrides, health env vars."""
+def resolve_config(args: argparse.Namespace, environ: Mapping[str, str], *, strict: bool = False) -> Config:
+    """The whole precedence chain: the chosen file, flag and environment overrides, health env vars.
+
+    This is how the daemon loads its config, so unknown keys are warnings (`Config.warnings`), as NVIDIA
+    ignores them; `strict=True` makes them errors, as check-config does.
+    """
     source = config_source(args, environ)
-    config = source.load(overrides_from(args, environ))
+    config = source.load(overrides_from(args, environ), strict=strict)
     return replace(config, health=apply_health_env(config.health, environ))
 
 

@@ -8,8 +8,12 @@ exception, so a reload can reject a bad config and keep serving the last good on
 The format is NVIDIA k8s-device-plugin's `version: v1` (api/config/v1 in their repository). Where this loader
 deliberately differs from NVIDIA's:
 
-- Unknown keys are errors that name the path and suggest the closest known key (config.schema). NVIDIA
-  ignores them, so a misspelt `passDeviceSpec` silently does nothing there.
+- Unknown keys name the path and suggest the closest known key (config.schema). With `strict` (the
+  default, and check-config) they are errors; the daemon loads with `strict=False`, so that, as with NVIDIA,
+  a stray key does not stop the plugin, but each one is a `Config.warnings` entry that the daemon logs and
+  exports as a metric, where NVIDIA says nothing (a misspelt `passDeviceSpec` silently does nothing there).
+- Keys that differ from a known key only in case are accepted, as NVIDIA accepts them, with a warning
+  naming the canonical spelling.
 - `replicas: 1` is accepted (older NVIDIA releases accepted it, newer ones require >= 2); one replica means
   the resource is advertised as shared without being multiplied, handy for `renameByDefault` roll-outs.
 - An empty `devices: []` list, an empty `pattern`, two entries of one sharing list with the same resource
@@ -28,11 +32,10 @@ Where NVIDIA's behaviour is kept on purpose:
   default (NVIDIA's Health.Merge: only non-empty values from the higher-priority source override).
   `health.criticalXIDs` is "all" (every XID that is not ignored) or a list; an XID in both explicit lists
   is an error, as in NVIDIA's Health.Validate.
-- `imex` is parsed and validated (`channelIDs` must be [] or [0]) but not acted on: this plugin does not
-  inject IMEX channels.
-- GFD-only flags (`flags.gfd.*`, `useNodeFeatureAPI`) and flags we do not act on (`deviceDiscoveryStrategy`,
-  `plugin.kubeletSocket`, `plugin.cdiFeatureFlags`) are type-checked and otherwise ignored, so shared
-  ConfigMaps load.
+- `imex.channelIDs` must be [] or [0], as for NVIDIA (Allocate injects the channel; see allocation.py).
+- GFD-only flags (`flags.gfd.*` with every value GFD takes, `sleepInterval: infinite` too;
+  `useNodeFeatureAPI`) and `plugin.kubeletSocket` are type-checked and otherwise ignored, so shared
+  ConfigMaps load. `deviceDiscoveryStrategy` is kept; discovery is NVML whatever it says.
 - Duplicate YAML keys: the last one wins (as with sigs.k8s.io/yaml), PyYAML's YAML 1.1 booleans (`yes`) are
   booleans.
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nvidia_device_plugin.config.document import (
     MAX_CONFIG_BYTES,
@@ -52,7 +55,7 @@ from nvidia_device_plugin.config.document import (
     parse_document_text,
     read_config_document,
 )
-from nvidia_device_plugin.config.schema import ALIASES
+from nvidia_device_plugin.config.schema import ALIASES, KeyNotes
 from nvidia_device_plugin.config.sections import (
     MAX_REPLICAS,
     parse_document,
@@ -68,6 +71,7 @@ __all__ = [
     "Override",
     "apply_overrides",
     "build_config",
+    "gfd_incompatibilities",
     "load_config_file",
     "parse_config",
     "parse_config_text",
@@ -87,20 +91,27 @@ class Override:
 
 
 def parse_config(
-    raw: object, source: str = "<config>", *, origins: Mapping[str, str] | None = None
+    raw: object,
+    source: str = "<config>",
+    *,
+    origins: Mapping[str, str] | None = None,
+    strict: bool = True,
 ) -> Config:
     """Validate a decoded document (YAML/JSON, None for an empty one) and build the `Config` it describes.
 
     `origins` maps config paths to where their value came from when it did not come from `source` (see
-    `build_config`): an error under such a path is reported against that origin instead.
+    `build_config`): an error under such a path is reported against that origin instead. Unknown keys are
+    errors when `strict`, else `Config.warnings` (their messages start with `source`).
     """
     try:
         check_document_shape(raw)
-        return parse_document(raw)
+        config = parse_document(raw, KeyNotes(strict=strict))
     except Invalid as exc:
         raise ConfigError(f"{origin_of(exc.path, origins or {}) or source}: {exc.text}") from None
     except RecursionError:  # the shape check makes this unreachable; kept so a reload can never crash
         raise ConfigError(f"{source}: the document is nested too deeply to read") from None
+    warnings = tuple(replace(w, message=f"{source}: {w.message}") for w in config.warnings)
+    return replace(config, warnings=warnings)
 
 
 def parse_config_text(text: str, source: str = "<config>") -> Config:
@@ -111,7 +122,9 @@ def load_config_file(path: str | os.PathLike[str]) -> Config:
     return parse_config(read_config_document(path), os.fspath(path))
 
 
-def build_config(file_raw: object, overrides: Mapping[str, Override], source: str = "<config>") -> Config:
+def build_config(
+    file_raw: object, overrides: Mapping[str, Override], source: str = "<config>", *, strict: bool = True
+) -> Config:
     """The file's document with `overrides` (config path -> value) written over it, then validated.
 
     Overrides are applied before validation so that a bad flag or environment value is reported with its own
@@ -122,7 +135,8 @@ def build_config(file_raw: object, overrides: Mapping[str, Override], source: st
     except Invalid as exc:
         raise ConfigError(f"{source}: {exc.text}") from None
     raw = apply_overrides(file_raw, overrides)
-    return parse_config(raw, source, origins={path: o.origin for path, o in overrides.items()})
+    origins = {path: o.origin for path, o in overrides.items()}
+    return parse_config(raw, source, origins=origins, strict=strict)
 
 
 def apply_overrides(raw: object, overrides: Mapping[str, Override]) -> object:
@@ -153,3 +167,22 @@ def qualify_resource_name(name: str) -> str:
         return qualified_name(name, "name")
     except Invalid as exc:
         raise ConfigError(exc.text) from None
+
+
+def gfd_incompatibilities(config: Config) -> tuple[str, ...]:
+    """Why GPU Feature Discovery would refuse this config, which this plugin accepts (for check-config).
+
+    GFD reads the same ConfigMap in NVIDIA's deployments and insists on at least 2 replicas per shared
+    resource ("number of replicas must be >= 2"); `replicas: 1` is fine here.
+    """
+    problems: list[str] = []
+    sharing = config.sharing
+    for section, shared in (("timeSlicing", sharing.time_slicing), ("mps", sharing.mps)):
+        for i, entry in enumerate(shared.resources if shared is not None else ()):
+            if entry.replicas == 1:
+                problems.append(
+                    f"sharing.{section}.resources[{i}].replicas is 1: accepted here, but GPU Feature "
+                    "Discovery refuses this file (number of replicas must be >= 2), so a ConfigMap shared "
+                    "with GFD cannot use it"
+                )
+    return tuple(problems)

@@ -1,17 +1,22 @@
 """The keys the v1 format knows in each section, and `Section`: one mapping of the document, read by key.
 
-Unknown keys are errors that name the path and suggest the closest known key (NVIDIA ignores them, so a
-misspelt `passDeviceSpec` silently does nothing there). A missing key and an explicit null both mean
-"not given", as they do for NVIDIA's pointer fields.
+Unknown keys name the path and suggest the closest known key. With `KeyNotes.strict` (check-config and
+the loader's default) they are errors; the daemon reads leniently, as NVIDIA does (it ignores them), and
+each one becomes a ConfigWarning, logged and counted, so a stray key never takes a node's GPUs away. A
+known key spelt in another case (`timeslicing`) is accepted with a warning naming the canonical spelling,
+as NVIDIA's case-insensitive YAML decoding accepts it. A missing key and an explicit null both mean "not
+given", as they do for NVIDIA's pointer fields.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from nvidia_device_plugin.config.document import Invalid, fail, fail_choice, fail_type, join_path, show
+from nvidia_device_plugin.config.v1 import ConfigWarning, ConfigWarningKind
 
 TOP_FIELDS = ("version", "flags", "resources", "sharing", "health", "imex")
 FLAG_FIELDS = (
@@ -40,6 +45,9 @@ PLUGIN_FIELDS = (
     "containerDriverRoot",
     "kubeletSocket",
     "cdiFeatureFlags",
+    "cdiDisableHooks",
+    "cdiSpecDir",
+    "sharedDevicesAllocationPolicy",
 )
 GFD_FIELDS = ("oneshot", "noTimestamp", "noCleanupOnExit", "sleepInterval", "outputFile", "machineTypeFile")
 RESOURCES_FIELDS = ("gpus", "mig")
@@ -57,6 +65,17 @@ ALIASES = {"flags.plugin.nvidiaCTKPath": ("nvidiaCDIHookPath",)}
 _Choice = TypeVar("_Choice", bound=str)
 
 
+@dataclass
+class KeyNotes:
+    """How one document's keys are judged (`strict`: unknown keys are errors), and what was let through."""
+
+    strict: bool = True
+    warnings: list[ConfigWarning] = field(default_factory=list)
+
+    def warn(self, kind: ConfigWarningKind, path: str, message: str) -> None:
+        self.warnings.append(ConfigWarning(kind, path, message))
+
+
 def unknown_field(path: str, key: object, known: Sequence[str]) -> Invalid:
     """The error for `key`, which `known` (the keys of the mapping at `path`) does not list."""
     child = join_path(path, key if isinstance(key, str) else show(key))
@@ -68,6 +87,12 @@ def unknown_field(path: str, key: object, known: Sequence[str]) -> Invalid:
     if suggestion:
         return Invalid(child, f"{child}: unknown field (did you mean {suggestion[0]}?)")
     return Invalid(child, f"{child}: unknown field (known fields here: {', '.join(known)})")
+
+
+def _same_but_case(key: object, known: Sequence[str]) -> str | None:
+    if not isinstance(key, str):
+        return None
+    return next((k for k in known if k.lower() == key.lower()), None)
 
 
 def choose(path: str, value: object, choices: Sequence[_Choice], hint: str = "") -> _Choice:
@@ -83,18 +108,39 @@ def choose(path: str, value: object, choices: Sequence[_Choice], hint: str = "")
 class Section:
     """One mapping of the document with its path; typed getters name the field and value on error."""
 
-    def __init__(self, value: object, path: str, known: Sequence[str]) -> None:
+    def __init__(self, value: object, path: str, known: Sequence[str], notes: KeyNotes | None = None) -> None:
         if value is None:
             value = {}
         if not isinstance(value, dict):
             if not path:
                 raise Invalid(path, f"the config must be a mapping of keys to values, got {show(value)}")
             fail_type(path, "a mapping", value)
-        for key in value:
-            if not isinstance(key, str) or key not in known:
-                raise unknown_field(path, key, known)
-        self._values: dict[str, object] = value
+        self.notes = notes if notes is not None else KeyNotes()
         self.path = path
+        self._values: dict[str, object] = self._known_values(value, known)
+
+    def _known_values(self, value: dict[object, object], known: Sequence[str]) -> dict[str, object]:
+        """`value` under the canonical keys; other keys are warned about (or refused when strict)."""
+        values: dict[str, object] = {}
+        for key, item in value.items():
+            if isinstance(key, str) and key in known:
+                values[key] = item
+                continue
+            canonical = _same_but_case(key, known)
+            if canonical is None:
+                problem = unknown_field(self.path, key, known)
+                if self.notes.strict:
+                    raise problem
+                self.notes.warn("unknown-key", problem.path, f"{problem.text}; ignored")
+                continue
+            child = self.path_of(str(key))
+            if canonical in value:
+                # A flag or environment variable writes the canonical key over a file's other spelling.
+                self.notes.warn("key-case", child, f"{child}: ignored, as {canonical} is also given")
+                continue
+            self.notes.warn("key-case", child, f"{child}: read as {canonical} (write it {canonical})")
+            values[canonical] = item
+        return values
 
     def path_of(self, key: str) -> str:
         return join_path(self.path, key)
@@ -103,7 +149,11 @@ class Section:
         return self._values.get(key)
 
     def section(self, key: str, known: Sequence[str]) -> Section:
-        return Section(self._values.get(key), self.path_of(key), known)
+        return Section(self._values.get(key), self.path_of(key), known, self.notes)
+
+    def entry(self, value: object, path: str, known: Sequence[str]) -> Section:
+        """A mapping found inside this section (a list item), judged by the same notes."""
+        return Section(value, path, known, self.notes)
 
     def get_bool(self, key: str, default: bool) -> bool:
         value = self._values.get(key)

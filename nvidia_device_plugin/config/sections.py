@@ -26,6 +26,7 @@ from nvidia_device_plugin.config.schema import (
     RESOURCES_FIELDS,
     SHARING_FIELDS,
     TOP_FIELDS,
+    KeyNotes,
     Section,
     choose,
 )
@@ -36,6 +37,7 @@ from nvidia_device_plugin.config.v1 import (
     HEALTH_EVENT_TYPES,
     MIG_STRATEGIES,
     RESOURCE_PREFIX,
+    SHARED_ALLOCATION_POLICIES,
     SHARED_SUFFIX,
     VERSION,
     Config,
@@ -88,8 +90,10 @@ _MAX_XID = 2**64 - 1
 # The document
 
 
-def parse_document(raw: object) -> Config:
-    doc = Section(raw, "", TOP_FIELDS)
+def parse_document(raw: object, notes: KeyNotes | None = None) -> Config:
+    """The Config `raw` describes; `notes` says how unknown keys are judged and collects the warnings."""
+    notes = notes if notes is not None else KeyNotes()
+    doc = Section(raw, "", TOP_FIELDS, notes)
     check_version(doc.raw("version"))
     flags = _parse_flags(doc.section("flags", FLAG_FIELDS))
     resources = _parse_resources(doc.section("resources", RESOURCES_FIELDS))
@@ -98,7 +102,13 @@ def parse_document(raw: object) -> Config:
     imex = _parse_imex(doc.section("imex", IMEX_FIELDS))
     _check_sharing_against_flags(sharing, flags)
     return Config(
-        version=VERSION, flags=flags, resources=resources, sharing=sharing, health=health, imex=imex
+        version=VERSION,
+        flags=flags,
+        resources=resources,
+        sharing=sharing,
+        health=health,
+        imex=imex,
+        warnings=tuple(notes.warnings),
     )
 
 
@@ -111,9 +121,6 @@ def _parse_flags(s: Section) -> Flags:
     # Older NVIDIA releases restarted the plugin on an unhealthy device; health changes are pushed
     # over ListAndWatch here, so the flag is accepted (old ConfigMaps load) and has nothing to do.
     s.get_bool("restartOnDeviceUnhealthy", False)
-    s.get_choice(
-        "deviceDiscoveryStrategy", DEVICE_DISCOVERY_STRATEGIES, "auto"
-    )  # discovery is always NVML here
     prefix = s.get_str("resourceNamePrefix", RESOURCE_PREFIX)
     if prefix not in ("", RESOURCE_PREFIX):
         fail(s.path_of("resourceNamePrefix"), f"only {RESOURCE_PREFIX!r} is supported, got {prefix!r}")
@@ -127,6 +134,10 @@ def _parse_flags(s: Section) -> Flags:
         gds_enabled=s.get_bool("gdsEnabled", d.gds_enabled),
         mofed_enabled=s.get_bool("mofedEnabled", d.mofed_enabled),
         gdrcopy_enabled=s.get_bool("gdrcopyEnabled", d.gdrcopy_enabled),
+        # Discovery is always NVML here; the daemon says so at start when `tegra` is asked for.
+        device_discovery_strategy=s.get_choice(
+            "deviceDiscoveryStrategy", DEVICE_DISCOVERY_STRATEGIES, d.device_discovery_strategy
+        ),
         plugin=_parse_plugin_flags(s.section("plugin", PLUGIN_FIELDS)),
     )
 
@@ -141,17 +152,29 @@ def _parse_plugin_flags(s: Section) -> PluginFlags:
             f"{hook_path!r} contradicts {s.path_of('nvidiaCTKPath')} {ctk_path!r} (one setting; give one)",
         )
     s.optional_str("kubeletSocket")  # the socket is a command-line matter here
-    feature_flags = s.raw("cdiFeatureFlags")
-    if feature_flags is not None and not isinstance(feature_flags, str):
-        _string_list(feature_flags, s.path_of("cdiFeatureFlags"))
+    cdi_spec_dir = s.get_str("cdiSpecDir", d.cdi_spec_dir)
+    if not cdi_spec_dir.startswith("/"):
+        fail(s.path_of("cdiSpecDir"), f"must be an absolute directory, got {cdi_spec_dir!r}")
     return PluginFlags(
         pass_device_specs=s.get_bool("passDeviceSpecs", d.pass_device_specs),
         device_list_strategy=_device_list_strategy(s, d.device_list_strategy),
         device_id_strategy=s.get_choice("deviceIDStrategy", DEVICE_ID_STRATEGIES, d.device_id_strategy),
+        shared_devices_allocation_policy=s.get_choice(
+            "sharedDevicesAllocationPolicy", SHARED_ALLOCATION_POLICIES, d.shared_devices_allocation_policy
+        ),
         cdi_annotation_prefix=s.get_str("cdiAnnotationPrefix", d.cdi_annotation_prefix),
         nvidia_ctk_path=ctk_path or hook_path or d.nvidia_ctk_path,
         container_driver_root=s.get_str("containerDriverRoot", d.container_driver_root),
+        cdi_feature_flags=_words(s.raw("cdiFeatureFlags"), s.path_of("cdiFeatureFlags")),
+        cdi_disable_hooks=_words(s.raw("cdiDisableHooks"), s.path_of("cdiDisableHooks")),
+        cdi_spec_dir=cdi_spec_dir,
     )
+
+
+def _words(value: object, path: str) -> tuple[str, ...]:
+    """A list of names given as a YAML list or one comma-separated string (as NVIDIA's string slices)."""
+    items = value.split(",") if isinstance(value, str) else _string_list(value, path)
+    return tuple(dict.fromkeys(w.strip() for w in items if w.strip()))
 
 
 def _device_list_strategy(s: Section, default: DeviceListStrategies) -> DeviceListStrategies:
@@ -182,13 +205,14 @@ def _check_gfd_flags(s: Section) -> None:
     for key in ("outputFile", "machineTypeFile"):
         s.optional_str(key)
     interval = s.raw("sleepInterval")
+    expected = "a duration such as '60s' or '1m30s', a number of nanoseconds, or 'infinite'"
     if interval is None:
         return
-    # A number is nanoseconds for NVIDIA's Go Duration; we only check that it is one.
+    # GFD only: a number is nanoseconds for NVIDIA's Go Duration, `infinite` labels once and sleeps.
     if isinstance(interval, bool) or not isinstance(interval, (int, float, str)):
-        fail_type(s.path_of("sleepInterval"), "a duration such as '60s'", interval)
-    if isinstance(interval, str) and parse_go_duration(interval) is None:
-        fail_type(s.path_of("sleepInterval"), "a duration such as '60s'", interval)
+        fail_type(s.path_of("sleepInterval"), expected, interval)
+    if isinstance(interval, str) and interval != "infinite" and parse_go_duration(interval) is None:
+        fail_type(s.path_of("sleepInterval"), expected, interval)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,7 +243,7 @@ def _parse_patterns(s: Section, key: str) -> tuple[ResourcePattern, ...]:
     entries = s.get_list(key) or []
     patterns: list[ResourcePattern] = []
     for i, item in enumerate(entries):
-        entry = Section(item, f"{s.path_of(key)}[{i}]", PATTERN_FIELDS)
+        entry = s.entry(item, f"{s.path_of(key)}[{i}]", PATTERN_FIELDS)
         pattern = entry.required_str("pattern")
         if not pattern:
             fail(entry.path_of("pattern"), "must not be empty (use '*' to match every device)")
@@ -253,7 +277,7 @@ def _parse_replicated(s: Section, fail_default: bool) -> ReplicatedResources:
     advertised: dict[str, tuple[int, int]] = {}  # advertised name -> (replicas, entry index)
     resources: list[ReplicatedResource] = []
     for i, item in enumerate(entries):
-        entry = Section(item, f"{list_path}[{i}]", REPLICATED_RESOURCE_FIELDS)
+        entry = s.entry(item, f"{list_path}[{i}]", REPLICATED_RESOURCE_FIELDS)
         name = qualified_name(entry.required_str("name"), entry.path_of("name"))
         if name in listed:
             fail(

@@ -81,12 +81,15 @@ class ConfigSource:
             "(the default) exists"
         )
 
-    def load(self, overrides: Mapping[str, Override] | None = None) -> Config:
-        """The config this source names now, with flag/environment `overrides` applied before validation."""
+    def load(self, overrides: Mapping[str, Override] | None = None, *, strict: bool = True) -> Config:
+        """The config this source names now, with flag/environment `overrides` applied before validation.
+
+        Unknown keys are errors when `strict`, else `Config.warnings` (the daemon's way: see config.loader).
+        """
         path = self.resolve()
         if path is None:
-            return build_config(None, overrides or {}, NO_FILE_SOURCE)
-        return build_config(read_config_document(path), overrides or {}, str(path))
+            return build_config(None, overrides or {}, NO_FILE_SOURCE, strict=strict)
+        return build_config(read_config_document(path), overrides or {}, str(path), strict=strict)
 
     def watch_paths(self) -> list[Path]:
         """The directories whose entries decide this source's content (watch these, not the files).

@@ -19,8 +19,14 @@ DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-
 # Several strategies may be combined; at least one is always given.
 DeviceListStrategies = tuple[DeviceListStrategy, *tuple[DeviceListStrategy, ...]]
 DeviceIdStrategy = Literal["uuid", "index"]
-# NVIDIA's flags.deviceDiscoveryStrategy: accepted and checked, but discovery is always NVML here.
+# NVIDIA's flags.deviceDiscoveryStrategy. Discovery is always NVML here: `tegra` is accepted, and the daemon
+# says at start that it is not supported and NVML is used.
 DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
+# NVIDIA's flags.plugin.sharedDevicesAllocationPolicy: how replicas of shared GPUs are picked (preferred.py).
+SharedAllocationPolicy = Literal["distributed", "packed"]
+# What a ConfigWarning is about: a key the schema does not know (the daemon ignores it, check-config refuses
+# it), or a known key spelt in another case (accepted, as NVIDIA accepts it).
+ConfigWarningKind = Literal["unknown-key", "key-case"]
 # How a resource's devices are shared, as NVIDIA's plugin decides it from the sharing section.
 SharingMode = Literal["none", "time-slicing", "mps"]
 # NVML event types a health check may watch (NVIDIA's health.eventTypes names).
@@ -32,9 +38,12 @@ MIG_STRATEGIES: Final[tuple[MigStrategy, ...]] = get_args(MigStrategy)
 DEVICE_LIST_STRATEGIES: Final[tuple[DeviceListStrategy, ...]] = get_args(DeviceListStrategy)
 DEVICE_ID_STRATEGIES: Final[tuple[DeviceIdStrategy, ...]] = get_args(DeviceIdStrategy)
 DEVICE_DISCOVERY_STRATEGIES: Final[tuple[DeviceDiscoveryStrategy, ...]] = get_args(DeviceDiscoveryStrategy)
+SHARED_ALLOCATION_POLICIES: Final[tuple[SharedAllocationPolicy, ...]] = get_args(SharedAllocationPolicy)
 SHARING_MODES: Final[tuple[SharingMode, ...]] = get_args(SharingMode)
 # All three are watched by default.
 HEALTH_EVENT_TYPES: Final[tuple[HealthEventType, ...]] = get_args(HealthEventType)
+
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
 
 # Application-level XIDs that do not mean the GPU is broken (NVIDIA's plugin skips the same ones).
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
@@ -45,9 +54,14 @@ class PluginFlags:
     pass_device_specs: bool = False
     device_list_strategy: DeviceListStrategies = ("envvar",)
     device_id_strategy: DeviceIdStrategy = "uuid"
+    shared_devices_allocation_policy: SharedAllocationPolicy = "distributed"
+    # The CDI settings below are carried for the CDI spec generator; Allocate only names CDI devices.
     cdi_annotation_prefix: str = "cdi.k8s.io/"
-    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
+    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"  # NVIDIA's nvidiaCTKPath / --nvidia-cdi-hook-path
     container_driver_root: str = "/driver-root"
+    cdi_feature_flags: tuple[str, ...] = ()  # NVIDIA's --cdi-feature-flags, passed to spec generation
+    cdi_disable_hooks: tuple[str, ...] = ()  # NVIDIA's --cdi-disable-hooks: hooks left out of the spec
+    cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR  # ours: where generated CDI specs are written
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,7 @@ class Flags:
     gds_enabled: bool = False
     mofed_enabled: bool = False
     gdrcopy_enabled: bool = False
+    device_discovery_strategy: DeviceDiscoveryStrategy = "auto"
     plugin: PluginFlags = field(default_factory=PluginFlags)
 
 
@@ -144,10 +159,20 @@ class Health:
 
 @dataclass(frozen=True)
 class Imex:
-    """NVIDIA's `imex` section (IMEX channel injection): parsed so NVIDIA's configs load, not acted on."""
+    """NVIDIA's `imex` section: the IMEX channels (/dev/nvidia-caps-imex-channels/channel<N>) every
+    container gets; with `required`, the plugin refuses to serve when a channel's device node is missing."""
 
     channel_ids: tuple[int, ...] = ()
     required: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigWarning:
+    """Something in the document that was accepted but deserves an operator's eye."""
+
+    kind: ConfigWarningKind
+    path: str  # the key as written, e.g. "flags.plugin.passDeviceSpec"
+    message: str  # the complete sentence, starting with the path
 
 
 @dataclass(frozen=True)
@@ -158,3 +183,9 @@ class Config:
     sharing: Sharing = field(default_factory=Sharing)
     health: Health = field(default_factory=Health)
     imex: Imex = field(default_factory=Imex)
+    # What the loader accepted with a warning; not part of the config's meaning, so not compared.
+    warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)
+
+    @property
+    def unknown_keys(self) -> tuple[str, ...]:
+        return tuple(w.path for w in self.warnings if w.kind == "unknown-key")
