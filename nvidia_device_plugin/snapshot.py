@@ -36,7 +36,7 @@ def build_snapshot(session: NvmlSession, config: Config) -> Snapshot:
     Raises NvmlError when discovery fails and ConfigError / InventoryError when the config cannot be
     applied to what was found.
     """
-    inventory = discover(session.nv, session.host.sysfs_root)
+    inventory = discover(session.nv, session.host.sysfs_root, session.host.proc_root)
     plans = build_resources(inventory, config)
     check_device_list_sizes(plans)
     return Snapshot(config, inventory, plans, AllocationSettings.from_config(config, session.host))
