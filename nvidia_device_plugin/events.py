@@ -52,5 +52,8 @@ class Events:
     def health_changed(self, change: HealthChange) -> None:
         """A physical device flipped between healthy and unhealthy."""
 
+    def mig_strategy_violation(self, gpu_uuid: str, strategy: str) -> None:
+        """A snapshot left GPU `gpu_uuid` out because it breaks flags.migStrategy `strategy`."""
+
 
 NO_EVENTS = Events()

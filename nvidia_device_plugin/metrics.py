@@ -78,6 +78,13 @@ class DaemonMetrics(Events):
         Info(
             PREFIX + "build", "Version of this plugin and of the Python running it.", registry=registry
         ).info({"version": __version__, "python_version": platform.python_version()})
+        self.mig_violations = Counter(
+            PREFIX + "mig_strategy_violations",
+            "GPUs left out of the advertised resources because they break flags.migStrategy, counted at "
+            "each start or reload that found them, by GPU and strategy.",
+            ["gpu", "strategy"],
+            registry=registry,
+        )
         self.allocations = Counter(
             PREFIX + "allocations",
             "Allocate calls answered successfully, by resource.",
@@ -195,6 +202,9 @@ class DaemonMetrics(Events):
 
     def health_changed(self, change: HealthChange) -> None:
         self.health_changes.labels("healthy" if change.healthy else "unhealthy").inc()
+
+    def mig_strategy_violation(self, gpu_uuid: str, strategy: str) -> None:
+        self.mig_violations.labels(gpu_uuid, strategy).inc()
 
 
 class _StateCollector(Collector):

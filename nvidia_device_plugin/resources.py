@@ -50,7 +50,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Literal
 
 from nvidia_device_plugin.config.v1 import (
@@ -67,6 +66,7 @@ from nvidia_device_plugin.config.v1 import (
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import ConfigError, InventoryError
 from nvidia_device_plugin.mig_layout import mig_layout_violations
+from nvidia_device_plugin.resource_names import default_mig_resource_name, resource_pattern_matches
 
 REPLICA_SEPARATOR = "::"
 
@@ -131,32 +131,9 @@ DEFAULT_GPU_RESOURCE = f"{RESOURCE_PREFIX}/gpu"
 SharingMode = Literal["none", "time-slicing", "mps"]
 _SHARING_MODES: dict[str, SharingMode] = {"none": "none", "time-slicing": "time-slicing", "mps": "mps"}
 
-_COMPUTE_INSTANCE_PREFIX = re.compile(r"^\d+c\.")
 _GPU_INDEX_REF = re.compile(r"^\d+$")
 _MIG_INDEX_REF = re.compile(r"^(\d+):(\d+)$")
 _LISTED_IDS = 16  # how many device names an error message lists before "..."
-
-
-def resource_pattern_matches(pattern: str, name: str) -> bool:
-    """NVIDIA's ResourcePattern.Matches (v0.20): `*` is any run of characters, the rest is literal, and the
-    pattern must match the whole name ("1g.10gb" does not match "1g.10gb+me"; "A100" does not match
-    "NVIDIA A100-SXM4-80GB", "*A100*" does)."""
-    return _compiled_pattern(pattern).fullmatch(name) is not None
-
-
-@lru_cache(maxsize=256)
-def _compiled_pattern(pattern: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(literal) for literal in pattern.split("*")), re.DOTALL)
-
-
-def default_mig_resource_name(profile: str) -> str:
-    """The `mixed` strategy's resource for a MIG profile: "1g.10gb" -> nvidia.com/mig-1g.10gb.
-
-    "+" is not valid in a resource name, so "1g.10gb+me" -> mig-1g.10gb.me (as NVIDIA names it); a
-    compute-instance profile "1c.3g.40gb" goes with its GPU instance, mig-3g.40gb.
-    """
-    gpu_instance_profile = _COMPUTE_INSTANCE_PREFIX.sub("", profile)
-    return f"{RESOURCE_PREFIX}/mig-{gpu_instance_profile.replace('+', '.')}"
 
 
 def build_resources(inventory: Inventory, config: Config) -> tuple[ResourcePlan, ...]:

@@ -221,3 +221,27 @@ def test_caps_minors_fall_back_to_the_capabilities_tree(tmp_path: Path) -> None:
     assert read_mig_minors(tmp_path) == {}
     assert resolve_caps_minors({}, tmp_path, 0, 1, 0) == (12, 13)
     assert resolve_caps_minors({}, tmp_path, 0, 2, 0) is None
+
+
+def test_a_gpu_lost_at_start_up_is_advertised_unhealthy_and_does_not_block_the_pipeline() -> None:
+    from nvidia_device_plugin.config.v1 import Config
+    from nvidia_device_plugin.health.registry import (
+        REASON_LOST_AT_START_UP,
+        HealthRegistry,
+        mark_lost_at_start_up,
+    )
+    from nvidia_device_plugin.nvml.backend import open_nvml
+    from nvidia_device_plugin.snapshot import build_snapshot
+
+    session = open_nvml("dgx-a100")
+    assert session.simulator is not None
+    session.simulator.fail_always("nvmlDeviceGetTopologyCommonAncestor", pynvml.NVML_ERROR_GPU_IS_LOST, gpu=3)
+    snapshot = build_snapshot(session, Config())  # what start and every reload run
+    registry = HealthRegistry()
+    mark_lost_at_start_up(registry, snapshot.inventory)
+    (plan,) = snapshot.plans
+    assert len(plan.devices) == 8
+    unhealthy = [d.gpu_index for d in plan.devices if not registry.is_healthy(d)]
+    assert unhealthy == [3]
+    assert registry.reason(plan.devices[3]) == REASON_LOST_AT_START_UP
+    session.close()
