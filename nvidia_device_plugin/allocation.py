@@ -375,6 +375,10 @@ def _device_paths(
                     f"container_requests[{i}]: passDeviceSpecs needs the GPU and compute instance IDs of "
                     f"MIG device {dev.physical_uuid}, which is not in the inventory allocate() was given"
                 )
+            if mig.caps_minors is not None:  # resolved at discovery from nvidia-caps/mig-minors
+                for cap_minor in mig.caps_minors:
+                    paths[f"{MIG_CAPS_DEVICE_DIR}/nvidia-cap{cap_minor}"] = None
+                continue
             caps = posixpath.join(
                 settings.proc_root,
                 "driver/nvidia/capabilities",

@@ -25,7 +25,7 @@ from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlErro
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health.monitor import HealthMonitor
-from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies
+from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
 from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
@@ -39,6 +39,10 @@ from nvidia_device_plugin.sharing.readiness import (
 from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
 
 log = logging.getLogger(__name__)
+
+# A reload rejected for a transient reason (NVML failing during discovery) is retried with this backoff.
+RELOAD_RETRY_MIN_S = 1.0
+RELOAD_RETRY_MAX_S = 60.0
 
 ConfigWatcherFactory = Callable[[Callable[[], None]], ConfigWatcher]
 
@@ -63,6 +67,9 @@ class Daemon:
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
         self._reload_lock = threading.Lock()
+        self._reported: set[str] = set()  # discovery problems and MIG violations already logged
+        self._retry: threading.Timer | None = None
+        self._retry_delay_s = RELOAD_RETRY_MIN_S
         self._monitor: HealthMonitor | None = None
         self._watcher: ConfigWatcher | None = None
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
@@ -119,6 +126,8 @@ class Daemon:
         _announce_config(snapshot, None)
         self._unsubscribe = self.registry.subscribe(self._on_health_change)
         self.manager.start()
+        self._report_discovery(snapshot)
+        mark_lost_at_start_up(self.registry, snapshot.inventory)
         self._serve(snapshot)
         self.mps_readiness.start()
         self._start_health(snapshot)
@@ -128,6 +137,8 @@ class Daemon:
 
     def stop(self) -> None:
         log.info("stopping")
+        if self._retry is not None:
+            self._retry.cancel()
         if self._watcher is not None:
             self._watcher.stop()
         if self._monitor is not None:
@@ -182,7 +193,12 @@ class Daemon:
                     "config reload (%s) rejected, still serving the previous config: %s", reason, message
                 )
                 self.metrics.config_reloaded(False, message)
+                if isinstance(exc, NvmlError):
+                    self._schedule_retry(reason)
                 return False
+            self._retry_delay_s = RELOAD_RETRY_MIN_S
+            self._report_discovery(snapshot)
+            mark_lost_at_start_up(self.registry, snapshot.inventory)
             _announce_config(snapshot, old)
             self._serve(snapshot)
             if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
@@ -194,6 +210,32 @@ class Daemon:
             )
             self.metrics.config_reloaded(True, "")
             return True
+
+    def _schedule_retry(self, reason: str) -> None:
+        """Retry a reload NVML made fail, with backoff; a later successful reload resets it."""
+        if self._retry is not None and self._retry.is_alive():
+            return
+        delay = self._retry_delay_s
+        self._retry_delay_s = min(delay * 2, RELOAD_RETRY_MAX_S)
+        log.info("retrying the config reload in %gs (NVML failed during discovery)", delay)
+        self._retry = threading.Timer(delay, self.reload, args=(f"retry of: {reason}",))
+        self._retry.daemon = True
+        self._retry.name = "reload-retry"
+        self._retry.start()
+
+    def _report_discovery(self, snapshot: Snapshot) -> None:
+        """One line per discovery problem and MIG-strategy violation, when first seen."""
+        for problem in snapshot.inventory.problems:
+            key = f"problem {problem.gpu_index} {problem.kind}"
+            if key not in self._reported:
+                self._reported.add(key)
+                log.warning("discovery: %s", problem.message)
+        for violation in snapshot.mig_violations:
+            self.metrics.mig_strategy_violation(violation.gpu_uuid, violation.strategy)
+            key = f"mig {violation.gpu_uuid} {violation.strategy} {violation.message}"
+            if key not in self._reported:
+                self._reported.add(key)
+                log.warning("%s", violation.message)
 
     # ---- internals --------------------------------------------------------------------------
 

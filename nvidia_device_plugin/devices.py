@@ -29,6 +29,11 @@ class MigDevice:
     memory_bytes: int
     gpu_instance_id: int
     compute_instance_id: int
+    # The GPU-instance profile ID (nvmlGpuInstanceProfile); None where NVML would not say.
+    profile_id: int | None = None
+    # /dev/nvidia-caps/nvidia-cap<N> minors of its GPU instance and compute instance, resolved at
+    # discovery (from <proc>/driver/nvidia-caps/mig-minors); None where the host does not list them.
+    caps_minors: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,22 @@ class Gpu:
     numa_node: int | None
     mig_enabled: bool
     mig_devices: tuple[MigDevice, ...] = ()
+    lost: bool = False  # GPU_IS_LOST during discovery: advertised, and marked unhealthy by the daemon
+
+
+@dataclass(frozen=True)
+class DiscoveryProblem:
+    """Something discovery could not read on one GPU (or the node), and what it did instead."""
+
+    gpu_index: int | None  # None: not tied to one GPU
+    call: str  # the pynvml function, e.g. "nvmlDeviceGetMemoryInfo"
+    code: int  # NVML's return code
+    message: str  # operator-readable: what failed and what the plugin does about it
+
+    @property
+    def kind(self) -> str:
+        """A short stable label for metrics and log deduplication."""
+        return f"{self.call}:{self.code}"
 
 
 @dataclass(frozen=True)
@@ -64,6 +85,7 @@ class Inventory:
     links: tuple[GpuLink, ...] = ()
     driver_version: str = ""
     cuda_driver_version: int = 0
+    problems: tuple[DiscoveryProblem, ...] = field(default=(), compare=False)
     # Lookup tables derived from the fields above, so each lookup is O(1) on hot paths.
     _by_uuid: dict[str, Gpu] = field(default_factory=dict, compare=False, repr=False)
     _migs: dict[str, MigDevice] = field(default_factory=dict, compare=False, repr=False)

@@ -55,5 +55,8 @@ class Events:
     def mps_readiness_changed(self, gpu_uuid: str, ready: bool) -> None:
         """The MPS control daemon of a GPU became ready or not ready (also its first reading)."""
 
+    def mig_strategy_violation(self, gpu_uuid: str, strategy: str) -> None:
+        """A snapshot left GPU `gpu_uuid` out because it breaks flags.migStrategy `strategy`."""
+
 
 NO_EVENTS = Events()

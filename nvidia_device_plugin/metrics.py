@@ -83,6 +83,13 @@ class DaemonMetrics(Events):
         Info(
             PREFIX + "build", "Version of this plugin and of the Python running it.", registry=registry
         ).info({"version": __version__, "python_version": platform.python_version()})
+        self.mig_violations = Counter(
+            PREFIX + "mig_strategy_violations",
+            "GPUs left out of the advertised resources because they break flags.migStrategy, counted at "
+            "each start or reload that found them, by GPU and strategy.",
+            ["gpu", "strategy"],
+            registry=registry,
+        )
         self.allocations = Counter(
             PREFIX + "allocations",
             "Allocate calls answered successfully, by resource.",
@@ -213,6 +220,9 @@ class DaemonMetrics(Events):
 
     def mps_readiness_changed(self, gpu_uuid: str, ready: bool) -> None:
         self.mps_readiness_changes.labels(gpu_uuid, "true" if ready else "false").inc()
+
+    def mig_strategy_violation(self, gpu_uuid: str, strategy: str) -> None:
+        self.mig_violations.labels(gpu_uuid, strategy).inc()
 
 
 class _StateCollector(Collector):

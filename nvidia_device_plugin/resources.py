@@ -7,13 +7,14 @@ It follows NVIDIA's k8s-device-plugin (internal/rm/device_map.go, rm.go; api/con
 * MIG strategy `none`: whole GPUs only; a GPU in MIG mode is still advertised as a whole GPU.
   `single`: MIG mode must be on for all GPUs or for none (none: same as `none`); every MIG device must
   have the same profile; MIG devices are advertised as `nvidia.com/gpu`. `mixed`: one resource per MIG
-  profile, `nvidia.com/mig-<profile>`, and whole GPUs for the GPUs not in MIG mode. Under `single` and
-  `mixed` a GPU in MIG mode without MIG devices is an error.
+  profile, `nvidia.com/mig-<profile>`, and whole GPUs for the GPUs not in MIG mode. GPUs that break the
+  strategy's rules are left out and the rest served (mig_layout.py says which, and why).
 * Renames: `resources.gpus` patterns are matched against the GPU product name, `resources.mig` patterns
-  against the MIG profile, first match wins. A pattern is a `*`-glob matched anywhere in the name (an
-  unanchored regexp search, as NVIDIA's `ResourcePattern.Matches`), so "A100" matches
-  "NVIDIA A100-SXM4-80GB". User patterns come first; NVIDIA's defaults (`*` -> gpu; under `single` also
-  MIG `*` -> gpu; under `mixed` each profile -> mig-<profile>) catch the rest.
+  against the MIG profile, first match wins. A pattern is a `*`-glob matched against the whole name
+  (anchored, as NVIDIA's v0.20 `ResourcePattern.Matches`), so "*A100*" matches "NVIDIA A100-SXM4-80GB"
+  and "A100" does not; "1g.10gb" does not match "1g.10gb+me". User patterns come first; NVIDIA's
+  defaults (`*` -> gpu; under `single` also MIG `*` -> gpu; under `mixed` each profile -> mig-<profile>,
+  "+" written as ".") catch the rest.
 * Sharing: each entry of the active `sharing.timeSlicing` / `sharing.mps` list turns the selected
   devices of the named resource into `replicas` IDs each (`<uuid>::<n>`), under `rename`, or
   `<name>.shared` with renameByDefault, or else the same name. Devices the entries do not select stay
@@ -38,10 +39,9 @@ Choices where NVIDIA is silent, buggy or random, made to be predictable:
   or one name receiving replicas of two different replica counts, is a ConfigError too: NVIDIA silently
   merges them into one resource, which mixes GPU models or replica counts that the plan cannot
   describe. Pooling is what `resources.gpus` / `resources.mig` patterns are for.
-* Default MIG resources are one per profile present: NVIDIA's default patterns are profile names
-  matched as substrings in profile-ID order, which can fold "1g.10gb+me" devices into
-  `mig-1g.10gb`; here "1g.10gb+me" gets its own `mig-1g.10gb.me`. A compute-instance profile such as
-  "1c.3g.40gb" goes to `mig-3g.40gb`, as NVIDIA's substring match puts it.
+* Default MIG resources are one per profile present, as NVIDIA v0.20's anchored default patterns give:
+  "1g.10gb+me" gets its own `mig-1g.10gb.me`, "1g.10gb-me" `mig-1g.10gb-me`. A compute-instance profile
+  such as "1c.3g.40gb" goes to `mig-3g.40gb`, with its GPU instance.
 * MPS replicas of MIG devices are refused (InventoryError), as NVIDIA refuses to start MPS for them.
 """
 
@@ -50,7 +50,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Literal
 
 from nvidia_device_plugin.config.v1 import (
@@ -67,6 +66,8 @@ from nvidia_device_plugin.config.v1 import (
 )
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import ConfigError, InventoryError
+from nvidia_device_plugin.mig_layout import mig_layout_violations
+from nvidia_device_plugin.resource_names import default_mig_resource_name, resource_pattern_matches
 
 REPLICA_SEPARATOR = "::"
 
@@ -132,30 +133,9 @@ DEFAULT_GPU_RESOURCE = f"{RESOURCE_PREFIX}/gpu"
 MPS_MAX_CLIENTS_PER_GPU = 48
 
 
-_COMPUTE_INSTANCE_PREFIX = re.compile(r"^\d+c\.")
 _GPU_INDEX_REF = re.compile(r"^\d+$")
 _MIG_INDEX_REF = re.compile(r"^(\d+):(\d+)$")
 _LISTED_IDS = 16  # how many device names an error message lists before "..."
-
-
-def resource_pattern_matches(pattern: str, name: str) -> bool:
-    """NVIDIA's ResourcePattern.Matches: `*` is any run of characters, the rest is literal, found anywhere."""
-    return _compiled_pattern(pattern).search(name) is not None
-
-
-@lru_cache(maxsize=256)
-def _compiled_pattern(pattern: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(literal) for literal in pattern.split("*")))
-
-
-def default_mig_resource_name(profile: str) -> str:
-    """The `mixed` strategy's resource for a MIG profile: "1g.10gb" -> nvidia.com/mig-1g.10gb.
-
-    "+" is not valid in a resource name, so "1g.10gb+me" -> mig-1g.10gb.me (as NVIDIA names it); a
-    compute-instance profile "1c.3g.40gb" goes with its GPU instance, mig-3g.40gb.
-    """
-    gpu_instance_profile = _COMPUTE_INSTANCE_PREFIX.sub("", profile)
-    return f"{RESOURCE_PREFIX}/mig-{gpu_instance_profile.replace('+', '.')}"
 
 
 def build_resources(inventory: Inventory, config: Config) -> tuple[ResourcePlan, ...]:
@@ -167,7 +147,8 @@ def build_resources(inventory: Inventory, config: Config) -> tuple[ResourcePlan,
     strategy = config.flags.mig_strategy  # validated by the config loader
     gpus = sorted(inventory.gpus, key=lambda gpu: gpu.index)
     _check_identities(gpus)
-    _check_mig_layout(gpus, strategy)
+    left_out = {v.gpu_index for v in mig_layout_violations(gpus, strategy)}
+    gpus = [gpu for gpu in gpus if gpu.index not in left_out]
     base = _base_resources(gpus, config.resources, strategy)
     plans = _apply_sharing(base, config.sharing, _legacy_mig_uuids(gpus))
     _check_sockets(plans)
@@ -194,46 +175,6 @@ def _check_identities(gpus: Sequence[Gpu]) -> None:
             seen = by_uuid.setdefault(uuid, desc)
             if seen != desc:
                 raise InventoryError(f"UUID {uuid} is reported for both {seen} and {desc}")
-
-
-def _check_mig_layout(gpus: Sequence[Gpu], strategy: MigStrategy) -> None:
-    if strategy == "none":
-        return
-    enabled = [gpu for gpu in gpus if gpu.mig_enabled]
-    empty = [gpu for gpu in enabled if not gpu.mig_devices]
-    if empty:
-        raise InventoryError(
-            f"flags.migStrategy={strategy}: MIG mode is enabled but no MIG devices exist on "
-            f"{_gpus_desc(empty)}; create MIG devices (for example with nvidia-mig-parted) "
-            "or disable MIG mode"
-        )
-    if strategy != "single" or not enabled:
-        return
-    disabled = [gpu for gpu in gpus if not gpu.mig_enabled]
-    if disabled:
-        raise InventoryError(
-            "flags.migStrategy=single needs MIG mode enabled on all GPUs of the node or on none; "
-            f"it is enabled on {_gpus_desc(enabled)} and disabled on {_gpus_desc(disabled)} "
-            "(migStrategy=mixed advertises both)"
-        )
-    profiles: dict[str, dict[int, list[MigDevice]]] = {}
-    for gpu in enabled:
-        for mig in sorted(gpu.mig_devices, key=lambda mig: mig.index):
-            profiles.setdefault(mig.profile, {}).setdefault(gpu.index, []).append(mig)
-    if len(profiles) > 1:
-        by_index = {gpu.index: gpu for gpu in enabled}
-        found = "; ".join(
-            f"{profile} on "
-            + ", ".join(
-                f"{_gpu_desc(by_index[index])} as MIG {', '.join(f'{index}:{mig.index}' for mig in migs)}"
-                for index, migs in per_gpu.items()
-            )
-            for profile, per_gpu in sorted(profiles.items())
-        )
-        raise InventoryError(
-            "flags.migStrategy=single needs every MIG device on the node to have the same profile; found "
-            f"{found} (migStrategy=mixed advertises one resource per profile)"
-        )
 
 
 def _base_resources(

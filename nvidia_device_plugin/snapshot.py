@@ -15,6 +15,7 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
 from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.resources import ResourcePlan, build_resources
@@ -28,6 +29,7 @@ class Snapshot:
     inventory: Inventory
     plans: tuple[ResourcePlan, ...]
     allocation: AllocationSettings
+    mig_violations: tuple[MigLayoutViolation, ...] = ()  # GPUs left out for breaking flags.migStrategy
 
 
 def build_snapshot(session: NvmlSession, config: Config) -> Snapshot:
@@ -36,10 +38,13 @@ def build_snapshot(session: NvmlSession, config: Config) -> Snapshot:
     Raises NvmlError when discovery fails and ConfigError / InventoryError when the config cannot be
     applied to what was found.
     """
-    inventory = discover(session.nv, session.host.sysfs_root)
+    inventory = discover(session.nv, session.host.sysfs_root, session.host.proc_root)
     plans = build_resources(inventory, config)
     check_device_list_sizes(plans)
-    return Snapshot(config, inventory, plans, AllocationSettings.from_config(config, session.host))
+    violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
+    return Snapshot(
+        config, inventory, plans, AllocationSettings.from_config(config, session.host), violations
+    )
 
 
 # Kubelet dials plugins without raising grpc-go's default receive limit: a ListAndWatch message over it

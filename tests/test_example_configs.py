@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.config.loader import load_config_file
-from nvidia_device_plugin.errors import InventoryError
 from nvidia_device_plugin.nvml.backend import open_nvml
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.resources import ResourcePlan, build_resources, physical_uuid_of
@@ -72,9 +71,9 @@ def test_shared_examples_refuse_multi_device_requests_where_they_say_so() -> Non
     assert plan("mps.yaml", "dgx-h100")["nvidia.com/gpu"].fail_requests_greater_than_one
 
 
-def test_single_strategy_on_a_mixed_layout_names_the_gpu() -> None:
-    with pytest.raises(InventoryError, match=r"GPU \d"):
-        plan("mig-single.yaml", "a100-mig-mixed")
+def test_single_strategy_on_a_mixed_layout_serves_what_is_valid() -> None:
+    plans = plan("mig-single.yaml", "a100-mig-mixed")  # GPU 0's seven 1g.10gb; the others are named
+    assert [dev.gpu_index for dev in plans["nvidia.com/gpu"].devices] == [0] * 7
 
 
 def test_mig_ids_are_mig_uuids_and_replicas_map_back() -> None:

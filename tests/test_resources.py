@@ -6,6 +6,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from nvidia_device_plugin.config.v1 import (
 )
 from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.errors import ConfigError, InventoryError
+from nvidia_device_plugin.mig_layout import mig_layout_violations
 from nvidia_device_plugin.resources import (
     build_resources,
     default_mig_resource_name,
@@ -60,21 +62,24 @@ from inventories import (
     ("pattern", "name", "matches"),
     [
         ("*", A100, True),
-        ("", A100, True),  # an empty regexp matches anywhere, as in Go
-        ("A100", A100, True),  # no `*`: a substring match, not an exact one
+        ("", A100, False),  # anchored: an empty pattern matches only an empty name
+        ("A100", A100, False),  # no `*`: the whole name, not a substring
+        ("NVIDIA A100-SXM4-80GB", A100, True),
         ("*A100*", A100, True),
         ("NVIDIA*80GB", A100, True),
         ("NVIDIA*40GB", A100, False),
         ("a100", A100, False),  # case-sensitive
         ("A1.0", A100, False),  # "." is literal
         ("A100-SXM4-80GB+", A100, False),  # "+" is literal
-        ("T4", T4, True),
+        ("T4", T4, False),
+        ("*T4", T4, True),
         ("H100", A100, False),
-        ("1g.10gb", "1g.10gb+me", True),
-        ("3g.40gb", "1c.3g.40gb", True),
+        ("1g.10gb", "1g.10gb+me", False),  # NVIDIA v0.20: 1g.10gb+me has a resource of its own
+        ("1g.10gb+me", "1g.10gb+me", True),
+        ("3g.40gb", "1c.3g.40gb", False),
     ],
 )
-def test_pattern_matching_is_nvidias_unanchored_glob(pattern: str, name: str, matches: bool) -> None:
+def test_pattern_matching_is_nvidias_anchored_glob(pattern: str, name: str, matches: bool) -> None:
     assert resource_pattern_matches(pattern, name) is matches
 
 
@@ -146,39 +151,43 @@ def test_mig_strategy_layout(
 
 
 @pytest.mark.parametrize(
-    ("make_node", "strategy", "error", "fragments"),
+    ("make_node", "strategy", "served", "named"),
     [
-        (
-            mig_mixed_a100,
-            "single",
-            InventoryError,
-            [
-                "flags.migStrategy=single",
-                f"enabled on GPU 0 ({gpu_uuid(0)}), GPU 1 ({gpu_uuid(1)})",
-                f"disabled on GPU 2 ({gpu_uuid(2)})",
-            ],
-        ),
+        (mig_mixed_a100, "single", None, ["GPU 2", "is not in MIG mode while other GPUs are"]),
         (
             mig_two_profiles,
             "single",
-            InventoryError,
-            [
-                "same profile",
-                f"1g.10gb on GPU 0 ({gpu_uuid(0)}) as MIG 0:0, 0:1",
-                f"2g.20gb on GPU 1 ({gpu_uuid(1)}) as MIG 1:0",
-            ],
+            None,
+            ["GPU 1", "has MIG profiles 2g.20gb where the node serves 1g.10gb"],
         ),
-        (mig_without_devices, "single", InventoryError, [f"no MIG devices exist on GPU 1 ({gpu_uuid(1)})"]),
-        (mig_without_devices, "mixed", InventoryError, [f"no MIG devices exist on GPU 1 ({gpu_uuid(1)})"]),
+        (mig_without_devices, "single", None, ["GPU 1", "is in MIG mode but has no MIG devices"]),
+        (mig_without_devices, "mixed", None, ["GPU 1", "is in MIG mode but has no MIG devices"]),
     ],
 )
-def test_mig_strategy_errors_name_the_gpus(
-    make_node: Callable[[], Inventory], strategy: str, error: type[Exception], fragments: list[str]
+def test_gpus_breaking_the_mig_strategy_are_named_and_the_rest_served(
+    make_node: Callable[[], Inventory], strategy: str, served: None, named: list[str]
 ) -> None:
-    with pytest.raises(error) as raised:
-        build_resources(make_node(), config(mig=strategy))
-    for fragment in fragments:
-        assert fragment in str(raised.value)
+    inventory = make_node()
+    violations = mig_layout_violations(inventory.gpus, strategy)
+    assert violations
+    assert any(all(fragment in v.message for fragment in named) for v in violations)
+    plans = build_resources(inventory, config(mig=strategy))
+    advertised = {dev.gpu_index for plan in plans for dev in plan.devices}
+    assert advertised and not advertised & {v.gpu_index for v in violations}
+
+
+def test_single_on_a_mixed_layout_names_every_gpu_it_leaves_out() -> None:
+    messages = [v.message for v in mig_layout_violations(mig_mixed_a100().gpus, "single")]
+    assert any("GPU 2" in m and "is not in MIG mode while other GPUs are" in m for m in messages)
+    assert build_resources(mig_mixed_a100(), config(mig="single"))
+
+
+def test_media_extension_profiles_get_their_own_resource() -> None:
+    from nvidia_device_plugin.resources import default_mig_resource_name
+
+    assert default_mig_resource_name("1g.10gb+me") == "nvidia.com/mig-1g.10gb.me"
+    assert default_mig_resource_name("1g.10gb+me.all") == "nvidia.com/mig-1g.10gb.me.all"
+    assert default_mig_resource_name("1g.10gb-me") == "nvidia.com/mig-1g.10gb-me"
 
 
 def test_whole_gpu_devices_carry_their_gpu() -> None:
@@ -226,24 +235,24 @@ def test_none_strategy_advertises_a_mig_mode_gpu_by_its_gpu_uuid() -> None:
     ("patterns", "expected"),
     [
         (
-            [("A100", "nvidia.com/a100"), ("*H100*", "nvidia.com/h100")],
+            [("*A100*", "nvidia.com/a100"), ("*H100*", "nvidia.com/h100")],
             {"nvidia.com/a100": ["0", "1"], "nvidia.com/h100": ["2", "3"]},
         ),
         # unmatched GPUs keep nvidia.com/gpu
-        ([("H100", "nvidia.com/h100")], {GPU: ["0", "1"], "nvidia.com/h100": ["2", "3"]}),
+        ([("*H100*", "nvidia.com/h100")], {GPU: ["0", "1"], "nvidia.com/h100": ["2", "3"]}),
         # the first matching pattern wins
         (
-            [("NVIDIA*", "nvidia.com/any"), ("A100", "nvidia.com/a100")],
+            [("NVIDIA*", "nvidia.com/any"), ("*A100*", "nvidia.com/a100")],
             {"nvidia.com/any": ["0", "1", "2", "3"]},
         ),
         (
-            [("A100", "nvidia.com/a100"), ("NVIDIA*", "nvidia.com/any")],
+            [("*A100*", "nvidia.com/a100"), ("NVIDIA*", "nvidia.com/any")],
             {"nvidia.com/a100": ["0", "1"], "nvidia.com/any": ["2", "3"]},
         ),
         # patterns are case-sensitive substrings: no match, defaults apply
         ([("a100", "nvidia.com/a100")], {GPU: ["0", "1", "2", "3"]}),
         # resources on other domains are fine, and get their own socket
-        ([("H100", "example.com/h100")], {GPU: ["0", "1"], "example.com/h100": ["2", "3"]}),
+        ([("*H100*", "example.com/h100")], {GPU: ["0", "1"], "example.com/h100": ["2", "3"]}),
     ],
 )
 def test_gpu_renames_on_a_mixed_a100_h100_node(
@@ -254,7 +263,7 @@ def test_gpu_renames_on_a_mixed_a100_h100_node(
 
 def test_gpu_renames_carry_numa_per_model() -> None:
     plans = build_resources(
-        a100_h100(), config(gpus=[("A100", "nvidia.com/a100"), ("H100", "nvidia.com/h100")])
+        a100_h100(), config(gpus=[("*A100*", "nvidia.com/a100"), ("*H100*", "nvidia.com/h100")])
     )
     assert {plan.name: {dev.numa_node for dev in plan.devices} for plan in plans} == {
         "nvidia.com/a100": {0},
@@ -263,7 +272,7 @@ def test_gpu_renames_carry_numa_per_model() -> None:
 
 
 def test_a_t4_not_matching_an_a100_pattern_keeps_the_default_name() -> None:
-    assert layout(build_resources(single_t4(), config(gpus=[("A100", "nvidia.com/a100")]))) == {GPU: ["0"]}
+    assert layout(build_resources(single_t4(), config(gpus=[("*A100*", "nvidia.com/a100")]))) == {GPU: ["0"]}
 
 
 def test_mig_renames_under_mixed() -> None:
@@ -277,7 +286,7 @@ def test_mig_renames_under_mixed() -> None:
 
 
 def test_mig_renames_pool_profiles_when_asked() -> None:
-    plans = build_resources(mig_mixed_a100(), config(mig="mixed", migs=[("g.", "nvidia.com/mig-any")]))
+    plans = build_resources(mig_mixed_a100(), config(mig="mixed", migs=[("*g.*", "nvidia.com/mig-any")]))
     assert layout(plans) == {GPU: ["2"], "nvidia.com/mig-any": ["0:0", "0:1", "0:2", "0:3", "1:0", "1:1"]}
 
 
@@ -298,7 +307,7 @@ def test_default_mig_resource_for_me_and_compute_instance_profiles() -> None:
 
 
 def test_names_that_share_a_socket_are_an_error() -> None:
-    patterns = [("A100", "nvidia.com/fast"), ("H100", "fast")]
+    patterns = [("*A100*", "nvidia.com/fast"), ("*H100*", "fast")]
     with pytest.raises(ConfigError, match=r"fast and nvidia.com/fast .*socket nvidia-fast\.sock"):
         build_resources(a100_h100(), config(gpus=patterns))
 
@@ -411,7 +420,7 @@ def test_two_entries_with_one_rename_and_one_count_merge() -> None:
 
 def test_time_slicing_per_model_after_renames() -> None:
     cfg = config(
-        gpus=[("A100", "nvidia.com/a100"), ("H100", "nvidia.com/h100")],
+        gpus=[("*A100*", "nvidia.com/a100"), ("*H100*", "nvidia.com/h100")],
         time_slicing=share(entry("nvidia.com/h100", replicas=3), rename_by_default=True),
     )
     plans = build_resources(a100_h100(), cfg)
@@ -426,7 +435,7 @@ def test_time_slicing_per_model_after_renames() -> None:
 def test_an_entry_for_a_resource_this_node_lacks_is_skipped() -> None:
     # One ConfigMap for a heterogeneous cluster: the A100 entry means nothing on a T4 node.
     cfg = config(
-        gpus=[("A100", "nvidia.com/a100")],
+        gpus=[("*A100*", "nvidia.com/a100")],
         time_slicing=share(entry("nvidia.com/a100", devices=refs("0", "1", "7")), entry(GPU, replicas=3)),
     )
     assert layout(build_resources(single_t4(), cfg)) == {GPU: ["0#0", "0#1", "0#2"]}
@@ -525,7 +534,7 @@ def test_mps_leaves_unshared_mig_resources_alone() -> None:
         (
             a100_h100,
             config(
-                gpus=[("A100", "nvidia.com/a100"), ("H100", "nvidia.com/h100")],
+                gpus=[("*A100*", "nvidia.com/a100"), ("*H100*", "nvidia.com/h100")],
                 time_slicing=share(entry("nvidia.com/a100", devices=refs("2"))),
             ),
             ConfigError,
@@ -581,7 +590,7 @@ def test_mps_leaves_unshared_mig_resources_alone() -> None:
         (
             a100_h100,
             config(
-                gpus=[("A100", "nvidia.com/a100")],
+                gpus=[("*A100*", "nvidia.com/a100")],
                 time_slicing=share(entry("nvidia.com/a100", rename=GPU)),
             ),
             ConfigError,
@@ -685,7 +694,7 @@ def device_selections(draw: st.DrawFn) -> ReplicatedDevices:
 def configs(draw: st.DrawFn) -> Config:
     gpu_patterns = draw(
         st.lists(
-            st.sampled_from([("A100", "nvidia.com/a100"), ("*H100*", "nvidia.com/h100"), ("T4", GPU)]),
+            st.sampled_from([("*A100*", "nvidia.com/a100"), ("*H100*", "nvidia.com/h100"), ("T4", GPU)]),
             max_size=2,
         )
     )
@@ -766,7 +775,9 @@ def test_any_inventory_and_config_advertise_cleanly_or_fail_clearly(
             assert plan.sharing == cfg.sharing.strategy
             assert any(dev.replica is not None for dev in plan.devices)
     # Every physical device is advertised, in exactly one resource, once or `replicas` times.
-    assert set(ids_per_physical) == _expected_physical(inventory, cfg.flags.mig_strategy)
+    left_out = {v.gpu_index for v in mig_layout_violations(inventory.gpus, cfg.flags.mig_strategy)}
+    served = replace(inventory, gpus=tuple(g for g in inventory.gpus if g.index not in left_out))
+    assert set(ids_per_physical) == _expected_physical(served, cfg.flags.mig_strategy)
     assert all(len(names) == 1 for names in plans_per_physical.values())
     replicas = {p.name: p.replicas for p in plans}
     for uuid, n in ids_per_physical.items():

@@ -241,3 +241,29 @@ def test_events_from_the_file_reach_the_health_registry(events: Path, sim: Simul
     finally:
         feeder.stop()
         monitor.stop()
+
+
+def test_a_line_nested_too_deep_is_logged_escaped_and_the_feeder_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nvidia_device_plugin.nvml.sim_events import SimulatedEventFeeder
+
+    class Sink:
+        def __init__(self) -> None:
+            self.xids: list[tuple[int | str, int]] = []
+
+        def inject_xid(self, target: int | str, xid: int) -> None:
+            self.xids.append((target, xid))
+
+        def inject_ecc_double_bit(self, target: int | str) -> None: ...
+
+        def set_lost(self, target: int | str, lost: bool) -> None: ...
+
+    path = tmp_path / "events.jsonl"
+    path.write_text("[" * 100_000 + "\n" + '{"gpu": 0, "xid": 79}\n')
+    sink = Sink()
+    feeder = SimulatedEventFeeder(path, sink)
+    feeder.poll()
+    assert sink.xids == [(0, 79)]
+    (line,) = [r.getMessage() for r in caplog.records if "line 1 skipped" in r.getMessage()]
+    assert "RecursionError" in line and len(line) < 400

@@ -92,6 +92,8 @@ def test_an_unimplemented_function_is_refused_by_name() -> None:
 
 def test_presets_exist() -> None:
     assert {"dgx-a100", "dgx-h100", "a100-mig-mixed", "mixed-a100-h100", "t4-single"} <= set(preset_names())
+    assert {"h100-nvl", "h200-mig", "b200", "dgx-a100-nps4"} <= set(preset_names())
+    assert {g.numa_node for g in load_node("dgx-a100-nps4").gpus} == set(range(8))
 
 
 def test_returns_pynvml_types_and_error_classes() -> None:
@@ -237,12 +239,81 @@ def test_missing_driver_is_a_clear_error() -> None:
         open_nvml(None)
 
 
-def test_nvml_failure_during_discovery_names_the_call() -> None:
+def test_nvml_failure_during_discovery_names_the_call_and_serves_the_rest() -> None:
     sim = SimulatedNvml(load_node("dgx-a100"))
     sim.nvmlInit()
-    sim.fail_next("nvmlDeviceGetUUID", pynvml.NVML_ERROR_GPU_IS_LOST)
-    with pytest.raises(NvmlError, match=r"reading GPU 0: GPU is lost"):
-        discover(sim, sim.materialize_host().sysfs_root)
+    sim.fail_next("nvmlDeviceGetUUID", pynvml.NVML_ERROR_UNKNOWN)
+    inventory = discover(sim, sim.materialize_host().sysfs_root)
+    assert [g.index for g in inventory.gpus] == [1, 2, 3, 4, 5, 6, 7]
+    assert [p.message for p in inventory.problems] == [
+        "reading GPU 0: Unknown Error (NVML error 999); not advertised"
+    ]
+    sim.close()
+
+
+@pytest.mark.parametrize(
+    ("slices", "memory_mb", "total_mib", "expected"),
+    [
+        (3, 71424, 143771, "3g.71gb"),  # H200: 70.5 rounds away from zero
+        (4, 71424, 143771, "4g.71gb"),
+        (1, 22528, 183359, "1g.23gb"),  # B200: 22.5
+        (1, 4864, 40960, "1g.5gb"),  # A100-40GB
+        (3, 19968, 40960, "3g.20gb"),
+        (1, 9856, 81920, "1g.10gb"),  # A100-80GB
+        (1, 19968, 81920, "1g.20gb"),
+        (7, 80384, 81920, "7g.80gb"),
+        (1, 9984, 81559, "1g.10gb"),  # H100-80GB
+        (3, 40448, 81559, "3g.40gb"),
+        (1, 11008, 95830, "1g.12gb"),  # H100 NVL 94GB
+        (3, 46848, 95830, "3g.47gb"),
+        (7, 93184, 95830, "7g.94gb"),
+    ],
+)
+def test_mig_names_round_half_away_from_zero(
+    slices: int, memory_mb: int, total_mib: int, expected: str
+) -> None:
+    assert mig_profile_name(slices, slices, memory_mb, total_mib * 1024**2) == expected
+
+
+def test_mig_profile_ids_name_attributes_and_compute_sub_profiles() -> None:
+    from nvidia_device_plugin.nvml.mig_profiles import GPU_INSTANCE_PROFILES
+
+    gib = 80 * 1024**3
+    names = {
+        pid: mig_profile_name(s, s, 9856 * s if s < 7 else 80384, gib, suffix)
+        for pid, (s, suffix) in GPU_INSTANCE_PROFILES.items()
+        if s in (1, 2)
+    }
+    assert names[pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1] == "1g.10gb+me"
+    assert names[pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME] == "1g.10gb-me"
+    assert names[pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX] == "1g.10gb+gfx"
+    assert names[pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME] == "2g.20gb+me.all"
+    assert mig_profile_name(3, 1, 40192, gib) == "1c.3g.40gb"
+
+
+def test_simulated_mig_devices_carry_profile_ids_so_plus_me_is_discovered() -> None:
+    sim = SimulatedNvml(load_node("h200-mig"))
+    sim.nvmlInit()
+    inventory = discover(sim, sim.materialize_host().sysfs_root)
+    profiles = [[m.profile for m in g.mig_devices] for g in inventory.gpus]
+    assert profiles == [
+        ["3g.71gb", "3g.71gb"],
+        ["4g.71gb", "2g.35gb", "1g.18gb+me"],
+        ["1g.18gb"] * 7,
+        [],
+    ]
+    me = inventory.gpus[1].mig_devices[2]
+    assert me.profile_id == pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1
+    sim.close()
+
+
+def test_nvswitch_bus_ids_cannot_collide_with_gpus() -> None:
+    sim = SimulatedNvml(load_node("dgx-h100"))  # GPU 5 sits at bus C3, where a switch used to be
+    sim.nvmlInit()
+    # An older driver without the remote-type call: a remote bus ID that is a GPU's counts as that GPU.
+    sim.fail_always("nvmlDeviceGetNvLinkRemoteDeviceType", pynvml.NVML_ERROR_NOT_SUPPORTED)
+    inventory = discover(sim, sim.materialize_host().sysfs_root)
+    assert {link.nvlinks for link in inventory.links} == {18}
     sim.close()
 
 

@@ -15,12 +15,15 @@ devices: see health/policy.py):
   ECC errors are corrected by the hardware and never change health, so they are not registered even
   when listed (NVIDIA registers them and then skips them).
 * Every GPU is checked for liveness on each poll (handle by UUID, UUID, memory info), not only those
-  without event support: a GPU that falls off the bus may raise no event at all. GPU_IS_LOST, UNKNOWN and
-  NOT_FOUND (the driver no longer lists it) mean lost; other errors are logged once and change nothing.
+  without event support: a GPU that falls off the bus may raise no event at all. GPU_IS_LOST and
+  NOT_FOUND (the driver no longer lists it) mean lost; any other failure (a transient UNKNOWN) is logged
+  once and means lost only after LOST_AFTER_FAILED_PROBES consecutive failed checks.
 * Registration failures other than GPU_IS_LOST leave the GPU healthy and polled (NVIDIA marks it
   unhealthy): a GPU that cannot report XIDs is not thereby broken.
 * Recovery (health.recovery.enabled, off by default): a device becomes healthy again after
-  grace_period_seconds without a new critical event on it and a successful NVML read of it. For a lost
+  grace_period_seconds without a new critical event on it, a successful NVML read of it, and nothing
+  NVML can tell against it: no new uncorrectable ECC errors since the fault, no pending or failed row
+  remapping, no GPU recovery action asked for (nvml/events.py:recovery_blocker). For a lost
   GPU the grace period starts only when a liveness check finds it readable again.
   With recovery off a GPU that comes back stays unhealthy: it lost every context on it when it fell
   off the bus, that usually means failing hardware (XID 79), and "unhealthy stays unhealthy until the
@@ -56,11 +59,16 @@ from nvidia_device_plugin.nvml.events import HealthEvent, NvmlFailure, ProbeStat
 
 log = logging.getLogger(__name__)
 
+NO_PERMISSION = 4  # NVML_ERROR_NO_PERMISSION (the monitor does not import pynvml)
+
 _MAX_BACKOFF_S = 5.0
 _IGNORED_LOG_WINDOW_S = 60.0
 _MAX_DISTINCT_IGNORED = 32  # distinct XIDs counted per window; the rest are summed as "other"
 _DRAIN_LIMIT = 10_000  # events read from an event set that is being replaced
 _URGENT_CHECK_MIN_S = 1.0  # least time between out-of-turn liveness checks (a storm of unreadable events)
+# Consecutive failed liveness probes (other than GPU_IS_LOST / NOT_FOUND) after which a GPU counts as lost:
+# one transient NVML_ERROR_UNKNOWN must not take a GPU out for good.
+LOST_AFTER_FAILED_PROBES = 3
 
 
 @dataclass
@@ -72,6 +80,8 @@ class _Fault:
     was_lost: bool  # it was unreadable at some point, so its event registration must be renewed
     last_bad_at: float  # last critical event, or last time seen lost
     next_probe_at: float = 0.0
+    ecc_baseline: int | None = None  # uncorrectable ECC count when it was marked
+    blocker: str | None = None  # the last reason recovery refused it (logged once per reason)
 
 
 class _IgnoredXidLog:
@@ -142,6 +152,7 @@ class HealthMonitor:
         self._registered: set[str] = set()
         self._reported_polled: set[str] = set()
         self._faults: dict[str, _Fault] = {}
+        self._failed_probes: dict[str, int] = {}
         self._ignored = _IgnoredXidLog()
         self._logged_errors: set[tuple[str, int | str]] = set()
         self._wait_failing = False
@@ -201,7 +212,8 @@ class HealthMonitor:
         for uuid in self._registry.unhealthy():
             gpu = self._gpu_of(uuid)
             if gpu is not None:
-                self._faults[uuid] = _Fault(gpu=gpu, lost=False, was_lost=False, last_bad_at=now)
+                # A GPU lost at start-up (discovery) stays lost until a liveness check reads it.
+                self._faults[uuid] = _Fault(gpu=gpu, lost=gpu.lost, was_lost=gpu.lost, last_bad_at=now)
 
     def _gpu_of(self, uuid: str) -> Gpu | None:
         """The GPU `uuid` is, or that the MIG device `uuid` sits on; None when not in the inventory."""
@@ -304,7 +316,13 @@ class HealthMonitor:
     ) -> None:
         fault = self._faults.get(uuid)
         if fault is None:
-            self._faults[uuid] = _Fault(gpu=gpu, lost=lost, was_lost=lost, last_bad_at=now)
+            self._faults[uuid] = _Fault(
+                gpu=gpu,
+                lost=lost,
+                was_lost=lost,
+                last_bad_at=now,
+                ecc_baseline=nvml_events.uncorrected_ecc(self._nv, gpu.uuid),
+            )
         else:
             fault.last_bad_at = now
             fault.lost = fault.lost or lost
@@ -321,10 +339,18 @@ class HealthMonitor:
             if self._probe(uuid, fault.gpu) != "ok":
                 fault.next_probe_at = now + self._poll_interval_s
                 continue
+            blocker = nvml_events.recovery_blocker(self._nv, fault.gpu.uuid, fault.ecc_baseline)
+            if blocker is not None:
+                fault.next_probe_at = now + self._poll_interval_s
+                if blocker != fault.blocker:
+                    fault.blocker = blocker
+                    log.warning("%s stays unhealthy: %s", describe(self._inventory, uuid), blocker)
+                continue
             del self._faults[uuid]
             if self._registry.mark(HealthChange(uuid=uuid, healthy=True, reason="recovered")):
                 log.debug(
-                    "%s is healthy again: no critical event for %gs and NVML reads it",
+                    "%s is healthy again: no critical event for %gs, NVML reads it, and no ECC, row "
+                    "remapping or recovery-action fault",
                     describe(self._inventory, uuid),
                     grace,
                 )
@@ -344,6 +370,13 @@ class HealthMonitor:
         for gpu in self._inventory.gpus:
             fault = self._faults.get(gpu.uuid)
             result = self._probe(gpu.uuid, gpu)
+            if result == "unknown":
+                failures = self._failed_probes.get(gpu.uuid, 0) + 1
+                self._failed_probes[gpu.uuid] = failures
+                if failures >= LOST_AFTER_FAILED_PROBES:
+                    result = "lost"
+            else:
+                self._failed_probes.pop(gpu.uuid, None)
             if result == "lost":
                 if fault is None or not fault.lost:
                     newly_lost.add(gpu.uuid)
@@ -352,10 +385,14 @@ class HealthMonitor:
                 fault.lost = False
                 fault.last_bad_at = now
                 if self._policy.recovery.enabled:
-                    after = f"healthy after {self._policy.recovery.grace_period_seconds:g}s without faults"
+                    after = (
+                        "still unhealthy; it returns to service after "
+                        f"{self._policy.recovery.grace_period_seconds:g}s without faults if its ECC, "
+                        "row remapping and recovery-action checks pass"
+                    )
                 else:
-                    after = "unhealthy, as health.recovery is off"
-                log.info("%s is readable again; it stays %s", describe(self._inventory, gpu.uuid), after)
+                    after = "it stays unhealthy, as health.recovery is off"
+                log.info("%s is readable again; %s", describe(self._inventory, gpu.uuid), after)
         return newly_lost
 
     def _probe(self, uuid: str, gpu: Gpu) -> ProbeState:
@@ -414,6 +451,12 @@ class HealthMonitor:
                 self._fault(gpu, gpu.uuid, REASON_LOST, None, self._clock(), lost=True)
             elif failure.not_supported:
                 self._report_polled(gpu, "it supports no health events")
+            elif failure.code == NO_PERMISSION and gpu.mig_enabled:
+                self._report_polled(
+                    gpu,
+                    "NO_PERMISSION: XIDs of MIG instances cannot be attributed without CAP_SYS_ADMIN "
+                    "in the container",
+                )
             else:
                 self._report_polled(gpu, f"registering for events failed: {failure}")
             return

@@ -16,6 +16,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.resources import AdvertisedDevice
 
@@ -118,3 +119,14 @@ class HealthRegistry:
                     self._listeners.remove(listener)
 
         return unsubscribe
+
+
+REASON_LOST_AT_START_UP = "GPU lost at start-up"
+
+
+def mark_lost_at_start_up(registry: HealthRegistry, inventory: Inventory) -> None:
+    """Mark the GPUs discovery found lost (GPU_IS_LOST) unhealthy, before they are served; the health
+    monitor adopts them and keeps probing them."""
+    for gpu in inventory.gpus:
+        if gpu.lost:
+            registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, reason=REASON_LOST_AT_START_UP))

@@ -16,6 +16,7 @@ from typing import NewType, Protocol
 
 DeviceHandle = NewType("DeviceHandle", object)  # pynvml.c_nvmlDevice_t: a GPU or a MIG device
 EventSetHandle = NewType("EventSetHandle", object)  # pynvml.c_nvmlEventSet_t
+GpuInstanceHandle = NewType("GpuInstanceHandle", object)  # pynvml.c_nvmlGpuInstance_t
 
 
 class MemoryInfo(Protocol):
@@ -39,6 +40,36 @@ class DeviceAttributes(Protocol):
     computeInstanceSliceCount: int
     multiprocessorCount: int
     memorySizeMB: int
+
+
+class GpuInstanceInfo(Protocol):
+    """pynvml.c_nvmlGpuInstanceInfo_t: a GPU instance; profileId is the profile's `id`."""
+
+    id: int
+    profileId: int
+
+
+class GpuInstanceProfileInfo(Protocol):
+    """pynvml.c_nvmlGpuInstanceProfileInfo_v2_t (or v1): what one GPU-instance profile is on this GPU."""
+
+    id: int
+    sliceCount: int
+    memorySizeMB: int
+
+
+class FieldValue(Protocol):
+    """One pynvml.c_nvmlFieldValue_t of nvmlDeviceGetFieldValues; `nvmlReturn` is that field's status."""
+
+    fieldId: int
+    nvmlReturn: int
+    value: FieldValueUnion
+
+
+class FieldValueUnion(Protocol):
+    """pynvml.c_nvmlValue_t, the members we read."""
+
+    uiVal: int
+    ullVal: int
 
 
 class EventData(Protocol):
@@ -72,6 +103,12 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetMinorNumber(self, handle: DeviceHandle) -> int: ...
     def nvmlDeviceGetMemoryInfo(self, handle: DeviceHandle, version: int | None = None) -> MemoryInfo: ...
     def nvmlDeviceGetPciInfo(self, handle: DeviceHandle) -> PciInfo: ...
+    def nvmlDeviceGetNumaNodeId(self, handle: DeviceHandle) -> int: ...
+
+    # ---- health beyond events (recovery checks)
+    def nvmlDeviceGetTotalEccErrors(self, handle: DeviceHandle, errorType: int, counterType: int) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, device: DeviceHandle) -> tuple[int, int, int, int]: ...
+    def nvmlDeviceGetFieldValues(self, handle: DeviceHandle, fieldIds: list[int]) -> list[FieldValue]: ...
 
     # ---- MIG
     def nvmlDeviceGetMigMode(self, device: DeviceHandle) -> list[int]: ...  # [current, pending]
@@ -82,6 +119,11 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetAttributes(self, device: DeviceHandle) -> DeviceAttributes: ...
     def nvmlDeviceGetGpuInstanceId(self, device: DeviceHandle) -> int: ...
     def nvmlDeviceGetComputeInstanceId(self, device: DeviceHandle) -> int: ...
+    def nvmlDeviceGetGpuInstanceById(self, device: DeviceHandle, gpuInstanceId: int) -> GpuInstanceHandle: ...
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: GpuInstanceHandle) -> GpuInstanceInfo: ...
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: DeviceHandle, profile: int, version: int = 2
+    ) -> GpuInstanceProfileInfo: ...
 
     # ---- topology
     def nvmlDeviceGetNvLinkState(self, device: DeviceHandle, link: int) -> int: ...

@@ -29,9 +29,8 @@ EVENT_TYPE_BITS = {
     "EventTypeSingleBitEccError": 0,
 }
 # A probe failing with these means the GPU is gone: fallen off the bus, or no longer listed by the driver.
-_LOST_CODES = frozenset(
-    {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_NOT_FOUND}
-)
+# UNKNOWN is not among them: real drivers return it transiently; the monitor counts consecutive failures.
+_LOST_CODES = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NOT_FOUND})
 
 
 def event_mask(event_types: Iterable[str]) -> int:
@@ -51,7 +50,7 @@ class NvmlFailure(Exception):
 
     @property
     def means_lost(self) -> bool:
-        """The device is gone (GPU_IS_LOST, UNKNOWN, or NOT_FOUND: the driver no longer lists it)."""
+        """The device is gone (GPU_IS_LOST, or NOT_FOUND: the driver no longer lists it)."""
         return self.code in _LOST_CODES
 
     @property
@@ -171,6 +170,50 @@ def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Pro
         failure = NvmlFailure(exc)
         return Probe("lost") if failure.means_lost else Probe("unknown", failure)
     return Probe("ok")
+
+
+def uncorrected_ecc(nv: NvmlApi, gpu_uuid: str) -> int | None:
+    """The GPU's volatile uncorrected ECC error count; None where NVML cannot say (no ECC, no access)."""
+    try:
+        handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        return int(
+            nv.nvmlDeviceGetTotalEccErrors(
+                handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+            )
+        )
+    except pynvml.NVMLError:
+        return None
+
+
+def recovery_blocker(nv: NvmlApi, gpu_uuid: str, ecc_baseline: int | None) -> str | None:
+    """Why the GPU must stay out of service although NVML reads it, or None when nothing NVML can tell
+    speaks against it: new uncorrectable ECC errors since the fault, pending or failed row remapping,
+    a GPU recovery action (reset, reboot, drain) the driver asks for. Checks the driver lacks are skipped.
+    """
+    try:
+        handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+    except pynvml.NVMLError as exc:
+        return f"NVML cannot open it ({NvmlFailure(exc)})"
+    ecc = uncorrected_ecc(nv, gpu_uuid)
+    if ecc is not None and ecc_baseline is not None and ecc > ecc_baseline:
+        return f"{ecc - ecc_baseline} new uncorrectable ECC errors since the fault"
+    try:
+        _corr, _unc, pending, failure = nv.nvmlDeviceGetRemappedRows(handle)
+        if failure:
+            return "row remapping failed (the GPU needs service)"
+        if pending:
+            return "row remapping is pending (the GPU needs a reset)"
+    except pynvml.NVMLError:
+        pass  # pre-Ampere GPUs have no row remapping
+    field = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field is not None:
+        try:
+            value = nv.nvmlDeviceGetFieldValues(handle, [int(field)])[0]
+            if int(value.nvmlReturn) == pynvml.NVML_SUCCESS and int(value.value.uiVal) != 0:
+                return f"the driver asks for GPU recovery action {int(value.value.uiVal)}"
+        except pynvml.NVMLError:
+            pass  # drivers before R550 lack the field
+    return None
 
 
 def _decode(nv: NvmlApi, data: EventData) -> HealthEvent:

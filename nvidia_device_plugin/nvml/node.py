@@ -15,10 +15,22 @@ from nvidia_device_plugin.errors import ConfigError
 
 _PRESET_PACKAGE = "nvidia_device_plugin.nvml.presets"
 _UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
-_PROFILE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb$")
+_PROFILE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<attr>\+me\.all|\+me|-me|\+gfx)?$")
+# NVSwitches live in a PCI domain of their own, so no GPU bus ID can collide with one.
+NVSWITCH_PCI_DOMAIN = "0000fffe"
+# Product names whose GPUs can run MIG (A30, A100, H100, H200, H20, B200, GB200, B300, ...).
+_MIG_CAPABLE = re.compile(r"A100|A30|H100|H200|H20|GH200|B200|B300|GB200|GB300")
 _BUS_ID = re.compile(r"^[0-9a-fA-F]{8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]$")
 
-_NODE_KEYS = {"name", "driver_version", "cuda_driver_version", "nvswitch_links", "gpus", "nvlinks"}
+_NODE_KEYS = {
+    "name",
+    "driver_version",
+    "cuda_driver_version",
+    "nvswitch_links",
+    "gpus",
+    "nvlinks",
+    "unprivileged_container",
+}
 _GPU_KEYS = {
     "name",
     "uuid",
@@ -29,16 +41,19 @@ _GPU_KEYS = {
     "mig",
     "mig_capable",
     "events",
+    "minor",
 }
 
 
 @dataclass(frozen=True)
 class MigSpec:
-    profile: str  # "1g.10gb" or "1c.2g.20gb"
+    profile: str  # "1g.10gb", "1c.2g.20gb" or "1g.10gb+me"
     uuid: str
     gpu_slices: int
     compute_slices: int
     memory_gb: int
+    slot: int = 0  # index for nvmlDeviceGetMigDeviceHandleByIndex (a null in the YAML list leaves a gap)
+    suffix: str = ""  # "+me", "-me", "+gfx", "+me.all"
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,7 @@ class GpuSpec:
     mig_enabled: bool
     mig: tuple[MigSpec, ...]
     events: bool
+    minor: int = -1  # N of /dev/nvidiaN; the YAML default is the index
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,8 @@ class NodeSpec:
     gpus: tuple[GpuSpec, ...]
     nvswitch_links: int  # NVLinks from every GPU to the NVSwitch fabric; 0 when there is none
     nvlinks: tuple[tuple[int, int, int], ...]  # direct GPU-GPU links: (a, b, lanes)
+    # A container without CAP_SYS_ADMIN: MIG enumeration and MIG-attributed events answer NO_PERMISSION.
+    unprivileged_container: bool = False
 
 
 def preset_names() -> list[str]:
@@ -99,6 +117,13 @@ def parse_node(doc: Any, source: str) -> NodeSpec:
     gpus = tuple(_parse_gpu(name, i, g, source) for i, g in enumerate(gpus_doc))
     _check_unique([g.uuid for g in gpus], source, "uuid")
     _check_unique([g.pci_bus_id.lower() for g in gpus], source, "pci_bus_id")
+    _check_unique([str(g.minor) for g in gpus], source, "minor")
+    for gpu in gpus:
+        if gpu.pci_bus_id.lower().startswith(NVSWITCH_PCI_DOMAIN + ":"):
+            raise ConfigError(
+                f"{source}: gpus[{gpu.index}].pci_bus_id uses domain {NVSWITCH_PCI_DOMAIN}, "
+                "kept for NVSwitches"
+            )
     nvlinks = []
     for i, link in enumerate(doc.get("nvlinks") or []):
         ok = isinstance(link, list) and len(link) == 3 and all(isinstance(x, int) for x in link)
@@ -114,6 +139,7 @@ def parse_node(doc: Any, source: str) -> NodeSpec:
         gpus=gpus,
         nvswitch_links=_int(doc.get("nvswitch_links", 0), source, "nvswitch_links"),
         nvlinks=tuple(nvlinks),
+        unprivileged_container=bool(doc.get("unprivileged_container", False)),
     )
 
 
@@ -130,7 +156,7 @@ def _parse_gpu(node: str, index: int, doc: Any, source: str) -> GpuSpec:
         raise ConfigError(f"{source}: {where}.pci_bus_id must look like 00000000:07:00.0, got {bus_id!r}")
     gpu_uuid = str(doc.get("uuid") or f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{index}')}")
     mig_doc = doc.get("mig")
-    mig_capable = bool(doc.get("mig_capable", "A100" in doc["name"] or "H100" in doc["name"]))
+    mig_capable = bool(doc.get("mig_capable", _MIG_CAPABLE.search(str(doc["name"])) is not None))
     profiles = mig_doc or []
     if not isinstance(profiles, list):
         raise ConfigError(f"{source}: {where}.mig must be a list of MIG profiles, got {mig_doc!r}")
@@ -138,7 +164,9 @@ def _parse_gpu(node: str, index: int, doc: Any, source: str) -> GpuSpec:
         raise ConfigError(f"{source}: {where} has MIG devices but mig_capable is false")
     total_gb = -(-memory_mib // 1024)
     migs = tuple(
-        _parse_mig(gpu_uuid, j, p, total_gb, source, f"{where}.mig[{j}]") for j, p in enumerate(profiles)
+        _parse_mig(gpu_uuid, j, p, total_gb, source, f"{where}.mig[{j}]")
+        for j, p in enumerate(profiles)
+        if p is not None  # a gap in the MIG index space
     )
     return GpuSpec(
         index=index,
@@ -152,6 +180,7 @@ def _parse_gpu(node: str, index: int, doc: Any, source: str) -> GpuSpec:
         mig_enabled=mig_doc is not None,
         mig=migs,
         events=bool(doc.get("events", True)),
+        minor=_int(doc.get("minor", index), source, f"{where}.minor"),
     )
 
 
@@ -169,6 +198,8 @@ def _parse_mig(gpu_uuid: str, j: int, profile: Any, total_gb: int, source: str, 
         gpu_slices=g,
         compute_slices=int(match["c"] or g),
         memory_gb=gb,
+        slot=j,
+        suffix=match["attr"] or "",
     )
 
 

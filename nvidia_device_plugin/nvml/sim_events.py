@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _MAX_LINE_BYTES = 64 * 1024  # longer lines are malformed; this bounds the partial-line buffer
 _READ_BYTES = 1024 * 1024
+_SHOWN_CHARS = 120  # of a malformed line, in its log line
 
 
 class EventSink(Protocol):
@@ -171,6 +172,10 @@ class SimulatedEventFeeder:
                     log.warning("simulated events: reading %s failed: %s; retrying", self._path, exc)
                     self._read_error = str(exc)
                 self._close()
+            except Exception as exc:  # a bug must not end the feeder: log it once and go on
+                if repr(exc) != self._read_error:
+                    log.exception("simulated events: handling %s failed; continuing", self._path)
+                    self._read_error = repr(exc)
             self._wake.wait(self._poll_interval_s)
             self._wake.clear()
 
@@ -229,7 +234,10 @@ class SimulatedEventFeeder:
         try:
             event = parse_event(text)
         except MalformedEvent as exc:
-            self._malformed(str(exc))
+            self._malformed(str(exc), text)
+            return
+        except (RecursionError, ValueError) as exc:  # json nested too deep, or a number too long
+            self._malformed(f"not a valid event: {type(exc).__name__}", text)
             return
         try:
             event.apply(self._sim)
@@ -238,8 +246,9 @@ class SimulatedEventFeeder:
             return
         self._applied += 1
 
-    def _malformed(self, why: str) -> None:
-        log.warning("simulated events: %s line %d skipped: %s", self._path, self._line_number, why)
+    def _malformed(self, why: str, text: str = "") -> None:
+        shown = ascii(text[:_SHOWN_CHARS]) + ("..." if len(text) > _SHOWN_CHARS else "")  # escaped
+        log.warning("simulated events: %s line %d skipped: %s: %s", self._path, self._line_number, why, shown)
 
     def _close(self) -> None:
         if self._file is not None:

@@ -23,8 +23,8 @@ _FIRST_GPU_MINOR = 3
 
 
 def gpu_minor(gpu: GpuSpec) -> int:
-    """N of /dev/nvidiaN: the simulated driver numbers GPUs in index order."""
-    return gpu.index
+    """N of /dev/nvidiaN: the node file's `minor` (default: the index; real drivers may differ)."""
+    return gpu.minor if gpu.minor >= 0 else gpu.index
 
 
 def mig_instance_ids(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int]:
@@ -33,7 +33,7 @@ def mig_instance_ids(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int]:
     The driver's IDs are opaque; position-based GPU instance IDs with one compute instance each keep them
     unique and inside the driver's range.
     """
-    return gpu.mig.index(mig) + 1, 0
+    return mig.slot + 1, 0
 
 
 def gi_cap_minor(minor: int, gi: int) -> int:

@@ -12,14 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import tempfile
-import threading
 import types
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -28,38 +23,26 @@ from nvidia_device_plugin.nvml.api import (
     DeviceHandle,
     EventData,
     EventSetHandle,
+    FieldValue,
+    GpuInstanceHandle,
+    GpuInstanceInfo,
+    GpuInstanceProfileInfo,
     MemoryInfo,
     PciInfo,
 )
-from nvidia_device_plugin.nvml.host import HostPaths
-from nvidia_device_plugin.nvml.node import GpuSpec, MigSpec, NodeSpec
-from nvidia_device_plugin.nvml.sim_host import gpu_minor, materialize_host, mig_instance_ids
+from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
+from nvidia_device_plugin.nvml.sim_host import gpu_minor, mig_instance_ids
+from nvidia_device_plugin.nvml.sim_state import (
+    _GPU_INSTANCE_BASE,
+    _GPU_STRIDE,
+    _MIG_STRIDE,
+    SimulatorState,
+    _address,
+    _EventSet,
+    _nvml_error,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_GPU_STRIDE = 0x10000
-_MIG_STRIDE = 0x100
-_EVENT_SET_BASE = 0x7F000000
-NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
-
-
-def _nvml_error(code: int) -> pynvml.NVMLError:
-    return pynvml.NVMLError(code)
-
-
-def _address(handle: object) -> int:
-    value = ctypes.cast(cast(Any, handle), ctypes.c_void_p).value
-    if value is None:
-        raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-    return value
-
-
-@dataclass
-class _EventSet:
-    address: int
-    masks: dict[int, int] = field(default_factory=dict)  # GPU index -> registered event types
-    queue: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
-    woken: bool = False  # interrupt_event_wait was called: the next wait with nothing queued returns
 
 
 def _api(fn: F) -> F:
@@ -68,7 +51,7 @@ def _api(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(self: SimulatedNvml, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
-            self._maybe_fail(fn.__name__)
+            self._maybe_fail(fn.__name__, args[0] if args else None)
             if fn.__name__ != "nvmlInit" and self._init_count == 0:
                 raise _nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
         return fn(self, *args, **kwargs)
@@ -77,20 +60,8 @@ def _api(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class SimulatedNvml:
+class SimulatedNvml(SimulatorState):
     """pynvml, as seen on the simulated node."""
-
-    def __init__(self, node: NodeSpec) -> None:
-        self.node = node
-        self._lock = threading.RLock()
-        self._events_ready = threading.Condition(self._lock)
-        self._init_count = 0
-        self._lost: set[int] = set()
-        self._failures: dict[str, deque[int]] = {}
-        self._event_sets: dict[int, _EventSet] = {}
-        self._next_event_set = _EVENT_SET_BASE
-        self._host_dir: tempfile.TemporaryDirectory[str] | None = None
-        self._host: HostPaths | None = None
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not defined on the class. A missing function must fail here, loudly:
@@ -102,55 +73,6 @@ class SimulatedNvml:
             )
         # Constants, structs and exception classes are pynvml's own.
         return getattr(pynvml, name)
-
-    # ---- simulation controls (not pynvml) ---------------------------------------------------------
-
-    def inject_xid(self, target: int | str, xid: int) -> None:
-        self._inject(target, pynvml.nvmlEventTypeXidCriticalError, xid)
-
-    def inject_ecc_double_bit(self, target: int | str) -> None:
-        self._inject(target, pynvml.nvmlEventTypeDoubleBitEccError, 0)
-
-    def set_lost(self, target: int | str, lost: bool) -> None:
-        gpu, _ = self._resolve_target(target)
-        with self._lock:
-            if lost:
-                self._lost.add(gpu.index)
-            else:
-                self._lost.discard(gpu.index)
-
-    def fail_next(self, function_name: str, code: int, count: int = 1) -> None:
-        if not getattr(getattr(type(self), function_name, None), "pynvml_api", False):
-            raise ValueError(f"{function_name} is not a simulated pynvml function")
-        with self._lock:
-            self._failures.setdefault(function_name, deque()).extend([code] * count)
-
-    def interrupt_event_wait(self, eventSet: EventSetHandle) -> None:
-        """Make a wait on `eventSet` with nothing queued return NVML_ERROR_TIMEOUT now (or the next one).
-
-        Not pynvml: real nvmlEventSetWait cannot be interrupted. It lets a monitor stop without waiting
-        out its timeout; see nvml/events.py:interrupt_wait.
-        """
-        with self._events_ready:
-            event_set = self._event_sets.get(_address(eventSet))
-            if event_set is not None:
-                event_set.woken = True
-                self._events_ready.notify_all()
-
-    def materialize_host(self) -> HostPaths:
-        """A throwaway sysfs, procfs and /dev tree for this node (see nvml/sim_host.py); made once."""
-        with self._lock:
-            if self._host is None:
-                self._host_dir = tempfile.TemporaryDirectory(prefix="nvdp-host-")
-                self._host = materialize_host(self.node, Path(self._host_dir.name))
-            return self._host
-
-    def close(self) -> None:
-        with self._lock:
-            if self._host_dir is not None:
-                self._host_dir.cleanup()
-                self._host_dir = None
-                self._host = None
 
     # ---- pynvml: library ----------------------------------------------------------------------
 
@@ -192,10 +114,10 @@ class SimulatedNvml:
             if gpu.uuid == text:
                 self._check_not_lost(gpu.index)
                 return self._handle(_GPU_STRIDE * (gpu.index + 1))
-            for j, mig in enumerate(gpu.mig):
+            for mig in gpu.mig:
                 if mig.uuid == text:
                     self._check_not_lost(gpu.index)
-                    return self._handle(_GPU_STRIDE * (gpu.index + 1) + _MIG_STRIDE * (j + 1))
+                    return self._handle(_GPU_STRIDE * (gpu.index + 1) + _MIG_STRIDE * (mig.slot + 1))
         raise _nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
 
     @_api
@@ -229,6 +151,44 @@ class SimulatedNvml:
         gpu, _ = self._device(handle)
         return self._pci_info(gpu.pci_bus_id)
 
+    @_api
+    def nvmlDeviceGetNumaNodeId(self, handle: DeviceHandle) -> int:
+        gpu, _ = self._device(handle)
+        if gpu.numa_node < 0:
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.numa_node
+
+    # ---- pynvml: health beyond events ---------------------------------------------------------
+
+    @_api
+    def nvmlDeviceGetTotalEccErrors(self, handle: DeviceHandle, errorType: int, counterType: int) -> int:
+        gpu, _ = self._device(handle)
+        if errorType != pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            return 0
+        with self._lock:
+            return self._ecc_uncorrected.get(gpu.index, 0)
+
+    @_api
+    def nvmlDeviceGetRemappedRows(self, device: DeviceHandle) -> tuple[int, int, int, int]:
+        gpu, _ = self._device(device)
+        with self._lock:
+            pending, failure = self._remapped.get(gpu.index, (0, 0))
+        return 0, 0, pending, failure
+
+    @_api
+    def nvmlDeviceGetFieldValues(self, handle: DeviceHandle, fieldIds: list[int]) -> list[FieldValue]:
+        gpu, _ = self._device(handle)
+        values: Any = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for i, field_id in enumerate(fieldIds):
+            values[i].fieldId = field_id
+            if field_id == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                with self._lock:
+                    values[i].value.uiVal = self._recovery_action.get(gpu.index, 0)
+                values[i].nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return list(values)
+
     # ---- pynvml: MIG --------------------------------------------------------------------------
 
     @_api
@@ -242,18 +202,71 @@ class SimulatedNvml:
     @_api
     def nvmlDeviceGetMaxMigDeviceCount(self, device: DeviceHandle) -> int:
         gpu, mig = self._device(device)
-        if mig or not gpu.mig_capable:
+        if mig:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return 7
+        return 7 if gpu.mig_enabled else 0  # real drivers answer 0, not an error, outside MIG mode
 
     @_api
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: DeviceHandle, index: int) -> DeviceHandle:
         gpu, mig = self._device(device)
         if mig or not gpu.mig_enabled:
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if not 0 <= index < len(gpu.mig):
-            raise _nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        if self.node.unprivileged_container:
+            raise _nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+        if not any(m.slot == index for m in gpu.mig):
+            # An empty slot: drivers answer NOT_FOUND or INVALID_ARGUMENT; simulate the latter past the
+            # last device and NOT_FOUND for gaps, so discovery is shown to take both.
+            last = max((m.slot for m in gpu.mig), default=-1)
+            code = pynvml.NVML_ERROR_INVALID_ARGUMENT if index > last else pynvml.NVML_ERROR_NOT_FOUND
+            raise _nvml_error(code)
         return self._handle(_GPU_STRIDE * (gpu.index + 1) + _MIG_STRIDE * (index + 1))
+
+    @_api
+    def nvmlDeviceGetGpuInstanceById(self, device: DeviceHandle, gpuInstanceId: int) -> GpuInstanceHandle:
+        gpu, mig = self._device(device)
+        if mig or not gpu.mig_enabled:
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if self.node.unprivileged_container:
+            raise _nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
+        if not any(mig_instance_ids(gpu, m)[0] == gpuInstanceId for m in gpu.mig):
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        address = _GPU_INSTANCE_BASE + gpu.index * 0x100 + gpuInstanceId
+        return GpuInstanceHandle(ctypes.cast(address, pynvml.c_nvmlGpuInstance_t))
+
+    @_api
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: GpuInstanceHandle) -> GpuInstanceInfo:
+        offset = _address(gpuInstance) - _GPU_INSTANCE_BASE
+        gpu_index, gi = divmod(offset, 0x100)
+        if not 0 <= gpu_index < len(self.node.gpus):
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.node.gpus[gpu_index]
+        with self._lock:
+            self._check_not_lost(gpu_index)
+        mig = next((m for m in gpu.mig if mig_instance_ids(gpu, m)[0] == gi), None)
+        if mig is None:
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        info: Any = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id = gi
+        info.profileId = self._profile_info_id(mig)
+        result: GpuInstanceInfo = info
+        return result
+
+    @_api
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: DeviceHandle, profile: int, version: int = 2
+    ) -> GpuInstanceProfileInfo:
+        gpu, mig = self._device(device)
+        if mig or not gpu.mig_capable:
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        used = next((m for m in gpu.mig if profile_id_for(m.gpu_slices, m.suffix) == profile), None)
+        if used is None:  # the simulator only describes the profiles the node file uses
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info: Any = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id = self._profile_info_id(used)
+        info.sliceCount = used.gpu_slices
+        info.memorySizeMB = self._mig_memory_mb(gpu, used)
+        result: GpuInstanceProfileInfo = info
+        return result
 
     @_api
     def nvmlDeviceGetGpuInstanceId(self, device: DeviceHandle) -> int:
@@ -356,6 +369,9 @@ class SimulatedNvml:
         gpu, mig = self._device(handle)
         if not gpu.events or mig:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if self.node.unprivileged_container and gpu.mig_enabled:
+            # XIDs attributed to MIG instances need CAP_SYS_ADMIN.
+            raise _nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
         with self._lock:
             event_set = self._event_set(eventSet)
             event_set.masks[gpu.index] = event_set.masks.get(gpu.index, 0) | eventTypes
@@ -374,6 +390,8 @@ class SimulatedNvml:
                 )
             if not event_set.queue:
                 event_set.woken = False
+                if self.lost_fails_event_wait and any(i in self._lost for i in event_set.masks):
+                    raise _nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
                 raise _nvml_error(pynvml.NVML_ERROR_TIMEOUT)
             gpu_index, event_type, data, gi, ci = event_set.queue.popleft()
         event: EventData = pynvml.c_nvmlEventData_t()
@@ -383,90 +401,6 @@ class SimulatedNvml:
         event.gpuInstanceId = gi
         event.computeInstanceId = ci
         return event
-
-    # ---- internals ----------------------------------------------------------------------------
-
-    def _maybe_fail(self, name: str) -> None:
-        pending = self._failures.get(name)
-        if pending:
-            raise _nvml_error(pending.popleft())
-
-    def _check_not_lost(self, index: int) -> None:
-        if index in self._lost:
-            raise _nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-
-    @staticmethod
-    def _handle(address: int) -> DeviceHandle:
-        return DeviceHandle(ctypes.cast(address, pynvml.c_nvmlDevice_t))
-
-    def _device(self, handle: DeviceHandle) -> tuple[GpuSpec, MigSpec | None]:
-        address = _address(handle)
-        gpu_index = address // _GPU_STRIDE - 1
-        mig_index = (address % _GPU_STRIDE) // _MIG_STRIDE - 1
-        if not 0 <= gpu_index < len(self.node.gpus):
-            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gpu = self.node.gpus[gpu_index]
-        with self._lock:
-            self._check_not_lost(gpu_index)
-        if mig_index < 0:
-            return gpu, None
-        if mig_index >= len(gpu.mig):
-            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return gpu, gpu.mig[mig_index]
-
-    def _event_set(self, handle: EventSetHandle) -> _EventSet:
-        event_set = self._event_sets.get(_address(handle))
-        if event_set is None:
-            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return event_set
-
-    def _resolve_target(self, target: int | str) -> tuple[GpuSpec, MigSpec | None]:
-        for gpu in self.node.gpus:
-            if target in (gpu.index, gpu.uuid, str(gpu.index)):
-                return gpu, None
-            for mig in gpu.mig:
-                if target == mig.uuid:
-                    return gpu, mig
-        raise ValueError(f"no simulated GPU or MIG device {target!r} on node {self.node.name}")
-
-    def _inject(self, target: int | str, event_type: int, data: int) -> None:
-        gpu, mig = self._resolve_target(target)
-        gi, ci = mig_instance_ids(gpu, mig) if mig else (NOT_ATTRIBUTED, NOT_ATTRIBUTED)
-        with self._events_ready:
-            for event_set in self._event_sets.values():
-                if event_set.masks.get(gpu.index, 0) & event_type:
-                    event_set.queue.append((gpu.index, event_type, data, gi, ci))
-            self._events_ready.notify_all()
-
-    @staticmethod
-    def _mig_memory_mb(gpu: GpuSpec, mig: MigSpec) -> int:
-        # Slightly below the nominal share, as real MIG slices are; the profile name rounds it back up.
-        total_gb = -(-gpu.memory_mib // 1024)
-        return int(mig.memory_gb / total_gb * gpu.memory_mib * 0.97)
-
-    def _link_targets(self, gpu: GpuSpec) -> list[tuple[int, str]]:
-        """Per NVLink of `gpu`: (remote device type, remote PCI bus ID)."""
-        targets: list[tuple[int, str]] = []
-        for a, b, lanes in self.node.nvlinks:
-            if gpu.index in (a, b):
-                peer = self.node.gpus[b if gpu.index == a else a]
-                targets += [(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU, peer.pci_bus_id)] * lanes
-        for k in range(self.node.nvswitch_links):
-            switch_bus = f"00000000:{0xC0 + k % 6:02X}:00.0"  # six NVSwitches, as on DGX A100/H100
-            targets.append((pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, switch_bus))
-        return targets
-
-    @staticmethod
-    def _pci_info(bus_id: str) -> PciInfo:
-        info: Any = pynvml.nvmlPciInfo_t()  # sets fields PciInfo does not name
-        domain, bus, rest = bus_id.split(":")
-        info.busId = bus_id.encode()
-        info.busIdLegacy = bus_id[4:].encode()
-        info.domain = int(domain, 16)
-        info.bus = int(bus, 16)
-        info.device = int(rest.split(".")[0], 16)
-        pci: PciInfo = info
-        return pci
 
     # ---- pynvml: compute mode (mps-control-daemon) ------------------------------------------------
     # Kept at the end of the class so that parallel edits above merge cleanly. Every GPU starts in

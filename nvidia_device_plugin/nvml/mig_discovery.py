@@ -1,0 +1,160 @@
+"""The MIG devices of one GPU in MIG mode: handles, profile names from profile IDs, capability minors.
+
+Empty slots are normal (the index space has gaps after instances are destroyed): NOT_FOUND and
+INVALID_ARGUMENT both mean "no device here". NO_PERMISSION is what an unprivileged container gets: the
+GPU is then served without MIG devices and the problem says CAP_SYS_ADMIN is needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pynvml
+
+from nvidia_device_plugin.devices import Gpu, MigDevice
+from nvidia_device_plugin.nvml.api import DeviceHandle
+from nvidia_device_plugin.nvml.errors import nvml_error
+from nvidia_device_plugin.nvml.mig_profiles import (
+    GPU_INSTANCE_PROFILES,
+    CapsMinors,
+    mig_profile_name,
+    resolve_caps_minors,
+)
+from nvidia_device_plugin.nvml.reader import NO_PERMISSION_MIG, GpuLost, Reader, error_code
+
+_EMPTY_SLOT = frozenset({pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT})
+
+
+def read_mig_devices(
+    reader: Reader, handle: DeviceHandle, gpu: Gpu, proc_root: Path | None, caps: CapsMinors
+) -> tuple[MigDevice, ...]:
+    nv = reader.nv
+    index = gpu.index
+    what = f"reading MIG devices of GPU {index}"
+    count = _mig_call(
+        reader,
+        index,
+        "nvmlDeviceGetMaxMigDeviceCount",
+        what,
+        lambda: nv.nvmlDeviceGetMaxMigDeviceCount(handle),
+    )
+    devices = []
+    for j in range(count or 0):
+        try:
+            mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+        except pynvml.NVMLError as exc:
+            code = error_code(exc)
+            if code in _EMPTY_SLOT:
+                continue
+            if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost("nvmlDeviceGetMigDeviceHandleByIndex") from exc
+            _mig_problem(reader, index, "nvmlDeviceGetMigDeviceHandleByIndex", exc, what)
+            if code == pynvml.NVML_ERROR_NO_PERMISSION:
+                break  # every slot will say the same
+            continue
+        device = _mig_device(reader, handle, mig, gpu, j, proc_root, caps)
+        if device is not None:
+            devices.append(device)
+    return tuple(devices)
+
+
+def _mig_device(
+    reader: Reader,
+    parent: DeviceHandle,
+    mig: DeviceHandle,
+    gpu: Gpu,
+    j: int,
+    proc_root: Path | None,
+    caps: CapsMinors,
+) -> MigDevice | None:
+    nv = reader.nv
+    what = f"reading MIG device {gpu.index}:{j}"
+    try:
+        uuid = nv.nvmlDeviceGetUUID(mig)
+        attrs = nv.nvmlDeviceGetAttributes(mig)
+        memory = nv.nvmlDeviceGetMemoryInfo(mig).total
+        gi = int(nv.nvmlDeviceGetGpuInstanceId(mig))
+        ci = int(nv.nvmlDeviceGetComputeInstanceId(mig))
+    except pynvml.NVMLError as exc:
+        if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise GpuLost("reading a MIG device") from exc
+        _mig_problem(reader, gpu.index, "reading a MIG device", exc, what)
+        return None
+    profile_id, profile_memory_mb = _gpu_instance_profile(reader, parent, gpu.index, gi)
+    slices, suffix = (
+        GPU_INSTANCE_PROFILES.get(profile_id, (int(attrs.gpuInstanceSliceCount), ""))
+        if profile_id is not None
+        else (int(attrs.gpuInstanceSliceCount), "")
+    )
+    memory_mb = profile_memory_mb or int(attrs.memorySizeMB)
+    return MigDevice(
+        uuid=uuid,
+        index=j,
+        parent_uuid=gpu.uuid,
+        parent_index=gpu.index,
+        profile=mig_profile_name(
+            slices, int(attrs.computeInstanceSliceCount), memory_mb, gpu.memory_bytes, suffix
+        )
+        if gpu.memory_bytes
+        else f"{slices}g.unknown",
+        memory_bytes=memory,
+        gpu_instance_id=gi,
+        compute_instance_id=ci,
+        profile_id=profile_id,
+        caps_minors=resolve_caps_minors(caps, proc_root, gpu.minor, gi, ci)
+        if proc_root is not None
+        else None,
+    )
+
+
+def _gpu_instance_profile(
+    reader: Reader, parent: DeviceHandle, index: int, gi: int
+) -> tuple[int | None, int]:
+    """(profile ID, profile memory MiB) of GPU instance `gi`, as go-nvlib finds it; (None, 0) when NVML
+    will not say (the name then comes from the device attributes, without +me/+gfx)."""
+    nv = reader.nv
+    try:
+        instance = nv.nvmlDeviceGetGpuInstanceById(parent, gi)
+        wanted = int(nv.nvmlGpuInstanceGetInfo(instance).profileId)
+    except pynvml.NVMLError as exc:
+        if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise GpuLost("nvmlDeviceGetGpuInstanceById") from exc
+        reader.note(
+            index,
+            "nvmlDeviceGetGpuInstanceById",
+            error_code(exc),
+            f"{nvml_error(exc, f'reading the MIG profile IDs of GPU {index}')}; MIG profiles are named "
+            "from device attributes, without +me/+gfx attributes",
+        )
+        return None, 0
+    for profile in GPU_INSTANCE_PROFILES:
+        try:
+            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(parent, profile)
+        except pynvml.NVMLError:
+            continue  # profiles this GPU does not have answer NOT_SUPPORTED / INVALID_ARGUMENT
+        if int(info.id) == wanted:
+            return profile, int(info.memorySizeMB)
+    return None, 0
+
+
+def _mig_call(reader: Reader, index: int, call: str, what: str, fn: object) -> int | None:
+    try:
+        return int(fn())  # type: ignore[operator]
+    except pynvml.NVMLError as exc:
+        code = error_code(exc)
+        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise GpuLost(call) from exc
+        if code != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            _mig_problem(reader, index, call, exc, what)
+        return None
+
+
+def _mig_problem(reader: Reader, index: int, call: str, exc: pynvml.NVMLError, what: str) -> None:
+    code = error_code(exc)
+    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        message = (
+            f"{what}: {NO_PERMISSION_MIG} (NVML error {code}); GPU {index} is served without MIG devices"
+        )
+    else:
+        message = f"{nvml_error(exc, what)}; that MIG device is left out"
+    reader.note(index, call, code, message)

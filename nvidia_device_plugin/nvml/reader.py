@@ -1,0 +1,81 @@
+"""One pynvml call at a time during discovery, with the failure policy in one place.
+
+Discovery degrades per GPU and per call: a call that fails either gives a fallback value and a
+DiscoveryProblem (the operator's log line), or, for a GPU_IS_LOST, raises GpuLost so the caller serves
+that GPU as lost with what it read so far. Only failures that leave nothing to serve (counting GPUs)
+stop discovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pynvml
+
+from nvidia_device_plugin.devices import DiscoveryProblem
+from nvidia_device_plugin.nvml.api import NvmlApi
+from nvidia_device_plugin.nvml.errors import nvml_error
+
+T = TypeVar("T")
+
+NO_PERMISSION_MIG = (
+    "no permission to enumerate MIG devices: in a container this needs CAP_SYS_ADMIN (run the plugin "
+    "privileged, or add the SYS_ADMIN capability)"
+)
+
+
+class GpuLost(Exception):
+    """NVML answered GPU_IS_LOST for a GPU while it was being read."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__(call)
+        self.call = call
+
+
+class Reader:
+    """Calls pynvml for discovery and collects the problems it tolerated, each once."""
+
+    def __init__(self, nv: NvmlApi) -> None:
+        self.nv = nv
+        self.problems: list[DiscoveryProblem] = []
+        self._seen: set[tuple[int | None, str, int]] = set()
+
+    def call(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        gpu: int | None,
+        what: str,
+        fallback: T,
+        consequence: str,
+        quiet: frozenset[int] = frozenset(),
+    ) -> T:
+        """`fn(*args)`, or `fallback` (with a problem saying `consequence`) when NVML fails.
+
+        Codes in `quiet` give the fallback without a problem: they are normal on some nodes.
+        GPU_IS_LOST raises GpuLost for a GPU call.
+        """
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code == pynvml.NVML_ERROR_GPU_IS_LOST and gpu is not None:
+                raise GpuLost(_name(fn)) from exc
+            if code not in quiet:
+                self.note(gpu, _name(fn), code, f"{nvml_error(exc, what)}; {consequence}")
+            return fallback
+
+    def note(self, gpu: int | None, call: str, code: int, message: str) -> None:
+        key = (gpu, call, code)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.problems.append(DiscoveryProblem(gpu_index=gpu, call=call, code=code, message=message))
+
+
+def error_code(exc: BaseException) -> int:
+    return int(exc.value) if isinstance(exc, pynvml.NVMLError) else -1
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__name__", fn))
