@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvidia_device_plugin import __version__
-from nvidia_device_plugin.config.flags import add_config_arguments, config_source, resolve_config
+from nvidia_device_plugin.config.flags import add_config_arguments, config_source, load_from, resolve_config
 from nvidia_device_plugin.config.loader import gfd_incompatibilities, load_config_file
+from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
-from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.errors import ConfigError, DevicePluginError
 from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from nvidia_device_plugin.sharing.control_flags import add_arguments as add_mps_control_arguments
 
 if TYPE_CHECKING:
+    from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
     from nvidia_device_plugin.nvml.backend import NvmlSession
     from nvidia_device_plugin.nvml.simulator import SimulatedNvml
 
@@ -80,6 +82,20 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--kubelet-socket",
         default=_env(environ, "KUBELET_SOCKET", "kubelet.sock"),
         help="kubelet registration socket, relative to --device-plugin-path [env KUBELET_SOCKET]",
+    )
+    run.add_argument(
+        "--node-config-label",
+        default=_env(environ, "NVDP_NODE_CONFIG_LABEL", ""),
+        metavar="LABEL",
+        help="choose the config in --config-dir by this label of the node "
+        "(e.g. nvidia.com/device-plugin.config), followed live, with --config-default and "
+        "--config-fallback-strategies as NVIDIA's config-manager uses them; needs NODE_NAME and "
+        "list/watch on the node [env NVDP_NODE_CONFIG_LABEL]",
+    )
+    run.add_argument(
+        "--node-name",
+        default=_env(environ, "NODE_NAME", ""),
+        help="this node's name, for --node-config-label [env NODE_NAME]",
     )
     run.add_argument(
         "--simulate-events",
@@ -197,11 +213,34 @@ def nvml_opener(simulate: str | None) -> tuple[Callable[[], NvmlSession], Simula
     return (lambda: session), session.simulator
 
 
+def _node_label_follower(args: argparse.Namespace, source: ConfigSource) -> NodeLabelConfig | None:
+    """The in-process config-manager, when --node-config-label asks for one."""
+    if not args.node_config_label:
+        return None
+    from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
+
+    if source.directory is None:
+        raise ConfigError("--node-config-label chooses a file in --config-dir; give --config-dir")
+    return NodeLabelConfig(
+        args.node_name,
+        args.node_config_label,
+        source.directory,
+        source.default_name or "",
+        source.fallback_strategies,
+    )
+
+
 def _run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Callable[[], Config]) -> int:
     from nvidia_device_plugin.daemon import Daemon, DaemonOptions
     from nvidia_device_plugin.nvml.sim_events import SimulatedEventFeeder
 
     source = config_source(args, environ)
+    follower = _node_label_follower(args, source)
+    if follower is not None:
+        follower.start()
+        source = ConfigSource.from_file(follower.config_file)
+        linked = source
+        load_config = lambda: load_from(linked, args, environ)  # noqa: E731 (the file the label chose)
 
     def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
         return ConfigWatcher(source, on_change)
@@ -244,5 +283,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Call
         if feeder is not None:
             feeder.stop()
         daemon.stop()
+        if follower is not None:
+            follower.stop()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
     return 0

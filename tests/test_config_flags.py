@@ -354,7 +354,11 @@ def test_cli_directory_beats_an_env_config_file() -> None:
             "both given in the environment",
         ),
         (("--config-name", "n"), {}, "give --config-dir"),
-        (("--config-dir", "/d"), {}, r"needs a config name \(--config-name\) or a default"),
+        (
+            ("--config-dir", "/d", "--config-fallback-strategies", "named,bogus"),
+            {},
+            "unknown strategy 'bogus'",
+        ),
         (("--config-dir", "/d", "--config-name", "../etc/passwd"), {}, "must be a plain file name"),
         (("--config-dir", "/d", "--config-name", "..data"), {}, "must be a plain file name"),
     ],
@@ -408,3 +412,40 @@ def test_file_and_no_file_sources(tmp_path: Path) -> None:
     assert ConfigSource().load(
         {"flags.migStrategy": Override("mixed", "flag --mig-strategy")}
     ).flags.mig_strategy == ("mixed")
+
+
+@pytest.mark.parametrize(
+    ("keys", "strategies", "chosen"),
+    [
+        (["default", "a100"], "named,single", "default"),  # NVIDIA's default strategies
+        (["a100"], "named,single", "a100"),  # single: the only key
+        (["a100", "h100"], "named,single,empty", None),  # empty: the built-in defaults
+        (["a100"], "named", "error"),
+    ],
+)
+def test_a_directory_without_name_or_default_follows_the_fallback_strategies(
+    tmp_path: Path, keys: list[str], strategies: str, chosen: str | None
+) -> None:
+    mount = configmap_dir(
+        tmp_path, {key: f"flags: {{migStrategy: {'mixed' if key == 'a100' else 'none'}}}\n" for key in keys}
+    )
+    source = config_source(
+        parse_args("--config-dir", str(mount), "--config-fallback-strategies", strategies), {}
+    )
+    if chosen == "error":
+        with pytest.raises(
+            ConfigError, match=r"fallback strategies \(named\) chose none of its configs \(a100\)"
+        ):
+            source.resolve()
+        return
+    assert source.resolve() == (None if chosen is None else mount / chosen)
+    config = source.load()
+    assert config.flags.mig_strategy == ("mixed" if chosen == "a100" else "none")
+
+
+def test_fallback_strategies_come_from_the_environment_too(tmp_path: Path) -> None:
+    mount = configmap_dir(tmp_path, {"a100": "version: v1\n", "h100": "version: v1\n"})
+    source = config_source(
+        parse_args("--config-dir", str(mount)), {"NVDP_CONFIG_FALLBACK_STRATEGIES": "empty"}
+    )
+    assert source.resolve() is None

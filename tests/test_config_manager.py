@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.configmanager.link import point_link, write_empty_config
-from nvidia_device_plugin.configmanager.processes import find_processes, signal_processes
-from nvidia_device_plugin.configmanager.selection import (
+from nvidia_device_plugin.config.selection import (
     ConfigSelectionError,
     FallbackStrategy,
     Selection,
@@ -21,6 +19,8 @@ from nvidia_device_plugin.configmanager.selection import (
     parse_fallback_strategies,
     select_config,
 )
+from nvidia_device_plugin.configmanager.link import point_link, write_empty_config
+from nvidia_device_plugin.configmanager.processes import find_processes, signal_processes
 from nvidia_device_plugin.configmanager.settings import SettingsError, parse_settings
 
 NAMED, SINGLE, EMPTY = FallbackStrategy.NAMED, FallbackStrategy.SINGLE, FallbackStrategy.EMPTY

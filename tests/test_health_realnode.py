@@ -8,13 +8,14 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node, wait_for
 
 from nvidia_device_plugin.config.v1 import Health, Recovery
 from nvidia_device_plugin.health.monitor import LOST_AFTER_FAILED_PROBES
 from nvidia_device_plugin.health.policy import REASON_LOST
 from nvidia_device_plugin.nvml.node import load_node, parse_node
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
+
+from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node, wait_for
 
 
 @pytest.fixture

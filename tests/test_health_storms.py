@@ -9,10 +9,11 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
-from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node, wait_for
 
 from nvidia_device_plugin.config.v1 import Health
 from nvidia_device_plugin.nvml.node import load_node
+
+from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node, wait_for
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fake_mps import eventually, install_fake_control, kill_fake_daemons, lines
 
 from nvidia_device_plugin.allocation import AllocationSettings, allocate
 from nvidia_device_plugin.api.v1beta1 import api_pb2
@@ -22,6 +21,8 @@ from nvidia_device_plugin.sharing import mps, mps_daemon
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor, daemon_specs
 from nvidia_device_plugin.sharing.readiness import read_status
 from nvidia_device_plugin.snapshot import build_snapshot
+
+from fake_mps import eventually, install_fake_control, kill_fake_daemons, lines
 
 GIB = 1024**3
 GPU0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"

@@ -16,7 +16,6 @@ from pathlib import Path
 import grpc
 import pynvml
 import pytest
-from fake_mps import eventually, install_fake_control, kill_fake_daemons, lines
 
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
@@ -28,6 +27,7 @@ from nvidia_device_plugin.sharing.control_daemon import ControlDaemonOptions, Mp
 from nvidia_device_plugin.sharing.readiness import read_status, status_path
 
 from daemon_support import GPU, start_daemon
+from fake_mps import eventually, install_fake_control, kill_fake_daemons, lines
 
 NODE = "pcie-nvlink-pairs"  # 4 GPUs
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from nvidia_device_plugin.config.loader import Override, build_config
+from nvidia_device_plugin.config.selection import DEFAULT_FALLBACK_STRATEGIES, parse_fallback_strategies
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import Config, Health
 from nvidia_device_plugin.errors import ConfigError
@@ -44,6 +45,7 @@ __all__ = [
     "apply_health_env",
     "build_config",
     "config_source",
+    "load_from",
     "overrides_from",
     "parse_bool",
     "resolve_config",
@@ -229,12 +231,16 @@ _SOURCE_OPTIONS = (
     ("config_dir", "--config-dir", "NVDP_CONFIG_DIR"),
     ("config_name", "--config-name", "NVDP_CONFIG_NAME"),
     ("config_default", "--config-default", "NVDP_CONFIG_DEFAULT"),
+    ("config_fallback_strategies", "--config-fallback-strategies", "NVDP_CONFIG_FALLBACK_STRATEGIES"),
 )
 _SOURCE_HELP = {
     "config_file": "the config file (YAML or JSON, NVIDIA's version: v1 format)",
     "config_dir": "a directory of named configs (a ConfigMap mounted whole); pick one with --config-name",
     "config_name": "which file in --config-dir to use (e.g. the node's nvidia.com/device-plugin.config)",
     "config_default": "the file in --config-dir to use when --config-name is unset or does not exist",
+    "config_fallback_strategies": "without --config-name and --config-default, how to choose a file in "
+    "--config-dir: NVIDIA's named (the key 'default'), single (the only key), empty (built-in defaults), "
+    "comma-separated, tried in order (default named,single)",
 }
 
 
@@ -254,7 +260,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         "configuration (precedence: flag > environment variable > file > default)"
     )
     for dest, flag, env in _SOURCE_OPTIONS:
-        metavar = "NAME" if dest in ("config_name", "config_default") else "PATH"
+        metavar = {"config_name": "NAME", "config_default": "NAME", "config_fallback_strategies": "LIST"}.get(
+            dest, "PATH"
+        )
         group.add_argument(
             flag, dest=dest, default=None, metavar=metavar, help=f"{_SOURCE_HELP[dest]} [env {env}]"
         )
@@ -334,7 +342,11 @@ def config_source(args: argparse.Namespace, environ: Mapping[str, str]) -> Confi
     if directory:
         name = cli["config_name"] or env["config_name"]
         default = cli["config_default"] or env["config_default"]
-        return ConfigSource.from_directory(Path(directory), name=name, default_name=default)
+        fallbacks = cli["config_fallback_strategies"] or env["config_fallback_strategies"]
+        strategies = parse_fallback_strategies(fallbacks) if fallbacks else DEFAULT_FALLBACK_STRATEGIES
+        return ConfigSource.from_directory(
+            Path(directory), name=name, default_name=default, fallback_strategies=strategies
+        )
     if cli["config_name"] or cli["config_default"]:
         raise ConfigError(
             "--config-name and --config-default choose a file inside --config-dir; give --config-dir"
@@ -349,7 +361,13 @@ def resolve_config(args: argparse.Namespace, environ: Mapping[str, str], *, stri
     This is how the daemon loads its config, so unknown keys are warnings (`Config.warnings`), as NVIDIA
     ignores them; `strict=True` makes them errors, as check-config does.
     """
-    source = config_source(args, environ)
+    return load_from(config_source(args, environ), args, environ, strict=strict)
+
+
+def load_from(
+    source: ConfigSource, args: argparse.Namespace, environ: Mapping[str, str], *, strict: bool = False
+) -> Config:
+    """resolve_config with the file chosen elsewhere (the node-label follower's link, for one)."""
     config = source.load(overrides_from(args, environ), strict=strict)
     return replace(config, health=apply_health_env(config.health, environ))
 

@@ -1,9 +1,11 @@
 """Where the config file comes from: one file, a directory of named configs, or nowhere (all defaults).
 
 A directory source is a ConfigMap with several keys mounted whole (one file per key, kubelet's `..data`
-symlink layout): the file called `name` is used when it exists, else the one called `default_name`. The
-choice is made again at every `resolve()`, so a config that appears later (or disappears) is picked up on the
-next reload.
+symlink layout): the file called `name` is used when it exists, else the one called `default_name`. With
+neither given, NVIDIA's fallback strategies choose (`named`: the key `default`; `single`: the only key;
+`empty`: no file, the built-in defaults; tried in order, `named,single` unless configured). The choice is
+made again at every `resolve()`, so a config that appears later (or disappears) is picked up on the next
+reload.
 
 Every failure to find or read the file is a ConfigError (an unreadable directory too), so the daemon's reload
 rejects it like a bad config instead of dying on an OSError.
@@ -11,11 +13,18 @@ rejects it like a bad config instead of dying on an OSError.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.config.loader import Override, build_config, read_config_document
+from nvidia_device_plugin.config.selection import (
+    DEFAULT_FALLBACK_STRATEGIES,
+    FallbackStrategy,
+    available_config_names,
+    select_config,
+)
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.errors import ConfigError
 
@@ -28,6 +37,8 @@ class ConfigSource:
     directory: Path | None = None
     name: str | None = None  # file name inside `directory`
     default_name: str | None = None  # file name inside `directory` when `name` is unset or missing
+    # How to choose when neither name nor default_name is given (NVIDIA's config.fallbackStrategies).
+    fallback_strategies: tuple[FallbackStrategy, ...] = DEFAULT_FALLBACK_STRATEGIES
 
     def __post_init__(self) -> None:
         if self.file is not None and self.directory is not None:
@@ -36,11 +47,6 @@ class ConfigSource:
             )
         if self.directory is None and (self.name or self.default_name):
             raise ConfigError("a config name or default name needs a config directory to look in")
-        if self.directory is not None and not (self.name or self.default_name):
-            raise ConfigError(
-                f"config directory {self.directory} needs a config name (--config-name) or a default "
-                "(--config-default) to choose a file"
-            )
         for label, value in (("config name", self.name), ("default config name", self.default_name)):
             # kubelet's own entries (..data, ..2026_...) start with "..": never a config key.
             if value and ("/" in value or value.startswith("..") or value == "."):
@@ -52,15 +58,27 @@ class ConfigSource:
 
     @classmethod
     def from_directory(
-        cls, directory: Path, name: str | None = None, default_name: str | None = None
+        cls,
+        directory: Path,
+        name: str | None = None,
+        default_name: str | None = None,
+        fallback_strategies: tuple[FallbackStrategy, ...] = DEFAULT_FALLBACK_STRATEGIES,
     ) -> ConfigSource:
-        return cls(directory=directory, name=name or None, default_name=default_name or None)
+        return cls(
+            directory=directory,
+            name=name or None,
+            default_name=default_name or None,
+            fallback_strategies=fallback_strategies,
+        )
 
     def describe(self) -> str:
         if self.file is not None:
             return f"config file {self.file}"
         if self.directory is not None:
             choices = " or ".join(repr(n) for n in (self.name, self.default_name) if n)
+            if not choices:
+                strategies = ",".join(s.value for s in self.fallback_strategies) or "none"
+                return f"the config in {self.directory} chosen by fallback strategies {strategies}"
             return f"config {choices} in {self.directory}"
         return "no config file (defaults)"
 
@@ -71,6 +89,8 @@ class ConfigSource:
         if self.directory is None:
             return None
         candidates = [self.directory / n for n in (self.name, self.default_name) if n]
+        if not candidates:
+            return self._fallback(self.directory)
         for candidate in candidates:
             if _exists(candidate):
                 return candidate  # reading it says what is wrong if it is not a regular file
@@ -80,6 +100,25 @@ class ConfigSource:
             f"no config to load: neither {candidates[0]} (the node's config) nor {candidates[1]} "
             "(the default) exists"
         )
+
+    def _fallback(self, directory: Path) -> Path | None:
+        """NVIDIA's fallback strategies, for a directory source given no name and no default."""
+        if not _exists(directory):
+            raise ConfigError(f"config directory {directory} does not exist")
+        try:
+            names = available_config_names(directory)
+        except OSError as exc:
+            raise ConfigError(f"{directory}: cannot list the configs: {exc.strerror or exc}") from None
+        try:
+            selection = select_config("", names, "", self.fallback_strategies)
+        except ConfigError:
+            tried = ",".join(s.value for s in self.fallback_strategies) or "none"
+            raise ConfigError(
+                f"config directory {directory}: no --config-name or --config-default given, and the "
+                f"fallback strategies ({tried}) chose none of its configs ({', '.join(names) or 'none'}); "
+                "name one, or add `empty` to fall back to the built-in defaults"
+            ) from None
+        return None if selection.name is None else directory / selection.name
 
     def load(self, overrides: Mapping[str, Override] | None = None, *, strict: bool = True) -> Config:
         """The config this source names now, with flag/environment `overrides` applied before validation.
@@ -98,6 +137,11 @@ class ConfigSource:
         path itself never changes, so a watch on the file would miss the update.
         """
         if self.file is not None:
+            # A link into a mounted ConfigMap (the node-label follower's, or config-manager's) changes
+            # when kubelet swaps `..data` in the link's target directory: watch that one too.
+            target = _link_target(self.file)
+            if target is not None and target.parent != self.file.parent:
+                return [self.file.parent, target.parent]
             return [self.file.parent]
         if self.directory is not None:
             return [self.directory]
@@ -113,3 +157,12 @@ def _exists(path: Path) -> bool:
     except OSError as exc:  # e.g. the ConfigMap directory is not searchable (EACCES), a symlink loop
         raise ConfigError(f"{path}: cannot look for the config file: {exc.strerror or exc}") from None
     return True
+
+
+def _link_target(path: Path) -> Path | None:
+    """Where the symlink `path` points (one level, absolute), or None when it is no symlink."""
+    try:
+        target = Path(os.readlink(path))
+    except OSError:
+        return None
+    return target if target.is_absolute() else path.parent / target

@@ -12,14 +12,14 @@ import logging
 import threading
 from typing import Any
 
-from nvidia_device_plugin.configmanager.link import LinkError, point_link, write_empty_config
-from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, NodeLabelReader, WatchExpired
-from nvidia_device_plugin.configmanager.processes import signal_processes
-from nvidia_device_plugin.configmanager.selection import (
+from nvidia_device_plugin.config.selection import (
     ConfigSelectionError,
     available_config_names,
     select_config,
 )
+from nvidia_device_plugin.configmanager.link import LinkError, point_link, write_empty_config
+from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, NodeLabelReader, WatchExpired
+from nvidia_device_plugin.configmanager.processes import signal_processes
 from nvidia_device_plugin.configmanager.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.configmanager.selection import (
+from nvidia_device_plugin.config.selection import (
     DEFAULT_FALLBACK_STRATEGIES,
     ConfigSelectionError,
     FallbackStrategy,

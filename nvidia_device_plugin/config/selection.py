@@ -1,8 +1,8 @@
 """Which config file a node gets: the value of its label, else NVIDIA's default and fallback rules.
 
 Pure: given the label's value and the names present in the config directory it answers a `Selection` or
-raises `ConfigSelectionError`. The config-manager process uses it; the daemon may reuse it for in-process
-selection later. The rules are NVIDIA's config-manager's:
+raises `ConfigSelectionError`. The config-manager process uses it, and so does the daemon's own config
+source (config/source.py) for its fallbacks. The rules are NVIDIA's config-manager's:
 
 1. A non-empty label value must name a config that exists; anything else is an error (never a silent
    fallback: a typo in a label must not give the node another config).
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.errors import ConfigError
 
 NAMED_DEFAULT_CONFIG = "default"
 
@@ -33,7 +33,7 @@ class FallbackStrategy(enum.StrEnum):
 DEFAULT_FALLBACK_STRATEGIES: tuple[FallbackStrategy, ...] = (FallbackStrategy.NAMED, FallbackStrategy.SINGLE)
 
 
-class ConfigSelectionError(DevicePluginError):
+class ConfigSelectionError(ConfigError):
     """No config can be chosen for the node (the message says why and what exists)."""
 
 

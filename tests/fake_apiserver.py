@@ -1,0 +1,166 @@
+"""A stand-in Kubernetes API server (127.0.0.1 only) for the node list and watch API, over real HTTP.
+
+It answers `GET /api/v1/nodes?fieldSelector=metadata.name=<node>` with a NodeList, and the same with
+`watch=true` with a stream of JSON lines (`{"type": "MODIFIED", "object": <Node>}`) that a test feeds:
+label changes, a stream end (the client reconnects from the last resourceVersion), and an ERROR event with
+a 410 Status (the client lists again). Every loop is bounded and the server stops on exit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+NODE = "gpu-node-1"
+LABEL = "nvidia.com/device-plugin.config"
+CLOSE_STREAM = object()  # fed to the watch queue: end the current stream
+
+
+class FakeApiServer:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.version = 100
+        self.node: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE, "uid": "3f1c", "resourceVersion": "100", "labels": dict(labels)},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        self.requests: list[dict[str, list[str]]] = []  # query of each request, in order
+        self.feed: queue.Queue[object] = queue.Queue()
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="fake-apiserver")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def set_label(self, value: str | None, announce: bool = True) -> None:
+        """Change the node; `announce` sends the MODIFIED event to the watch (False: the event is lost)."""
+        with self.lock:
+            self.version += 1
+            labels = self.node["metadata"]["labels"]
+            if value is None:
+                labels.pop(LABEL, None)
+            else:
+                labels[LABEL] = value
+            self.node["metadata"]["resourceVersion"] = str(self.version)
+            event = {"type": "MODIFIED", "object": copy.deepcopy(self.node)}
+        if announce:
+            self.feed.put(event)
+
+    def expire_watch(self) -> None:
+        self.feed.put(
+            {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": "too old resource version: 100 (105)",
+                    "reason": "Expired",
+                    "code": 410,
+                },
+            }
+        )
+
+    def lists(self) -> list[dict[str, list[str]]]:
+        return [q for q in list(self.requests) if q.get("watch") != ["true"]]
+
+    def watches(self) -> list[dict[str, list[str]]]:
+        return [q for q in list(self.requests) if q.get("watch") == ["true"]]
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                query = parse_qs(url.query)
+                fake.requests.append(query)
+                if url.path != "/api/v1/nodes" or query.get("fieldSelector") != [f"metadata.name={NODE}"]:
+                    self._send(404, {"kind": "Status", "code": 404, "message": f"unexpected {self.path}"})
+                elif query.get("watch") == ["true"]:
+                    self._stream()
+                else:
+                    with fake.lock:
+                        body = {
+                            "kind": "NodeList",
+                            "apiVersion": "v1",
+                            "metadata": {"resourceVersion": str(fake.version)},
+                            "items": [copy.deepcopy(fake.node)],
+                        }
+                    self._send(200, body)
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")  # as the API server streams a watch
+                self.end_headers()
+                self.close_connection = True
+                try:
+                    while not fake.stopping.is_set():
+                        try:
+                            item = fake.feed.get(timeout=0.05)
+                        except queue.Empty:
+                            continue
+                        if item is CLOSE_STREAM:
+                            return
+                        line = json.dumps(item).encode() + b"\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                        self.wfile.flush()
+                        if isinstance(item, dict) and item["type"] == "ERROR":
+                            return  # the API server ends the stream after an ERROR event
+                finally:
+                    self.wfile.write(b"0\r\n\r\n")
+
+        return Handler
+
+    def __enter__(self) -> FakeApiServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def write_kubeconfig(path: Path, server_url: str) -> Path:
+    """A kubeconfig naming the stand-in, for processes that find the API as kubectl does ($KUBECONFIG)."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": server_url}}],
+                "users": [{"name": "nobody", "user": {}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "nobody"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
