@@ -72,8 +72,12 @@ def _by_kind(kind: str, kustomization: str = "manifests") -> dict[str, dict[str,
     return {doc["metadata"]["name"]: doc for doc in _documents(kustomization) if doc["kind"] == kind}
 
 
-def _pod(kustomization: str = "manifests") -> dict[str, Any]:
-    pod: dict[str, Any] = _one("DaemonSet", kustomization)["spec"]["template"]["spec"]
+PLUGIN_DAEMONSET = "nvidia-device-plugin"
+MPS_CONTROL_DAEMONSET = "nvidia-device-plugin-mps-control-daemon"
+
+
+def _pod(kustomization: str = "manifests", daemonset: str = PLUGIN_DAEMONSET) -> dict[str, Any]:
+    pod: dict[str, Any] = _by_kind("DaemonSet", kustomization)[daemonset]["spec"]["template"]["spec"]
     return pod
 
 
@@ -161,15 +165,19 @@ def test_each_overlay_builds_on_the_whole_base(overlay: str) -> None:
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_mig_monitor_env_never_without_sys_admin(kustomization: str) -> None:
-    for container in _pod(kustomization)["containers"] + _pod(kustomization).get("initContainers", []):
-        env = {e["name"] for e in container.get("env", [])}
-        added = container.get("securityContext", {}).get("capabilities", {}).get("add", [])
-        if "NVIDIA_MIG_MONITOR_DEVICES" in env:
-            assert "SYS_ADMIN" in added, (
-                f"{kustomization}: {container['name']} sets the MIG env without SYS_ADMIN"
-            )
-        elif kustomization != "overlays/mig":
-            assert not added, f"{kustomization}: {container['name']} adds capabilities {added}"
+    for name in _by_kind("DaemonSet", kustomization):
+        pod = _pod(kustomization, name)
+        for container in pod["containers"] + pod.get("initContainers", []):
+            env = {e["name"] for e in container.get("env", [])}
+            added = container.get("securityContext", {}).get("capabilities", {}).get("add", [])
+            if "NVIDIA_MIG_MONITOR_DEVICES" in env:
+                assert "SYS_ADMIN" in added, (
+                    f"{kustomization}: {container['name']} sets the MIG env without SYS_ADMIN"
+                )
+            elif name == MPS_CONTROL_DAEMONSET:
+                assert added == ["SYS_ADMIN"], "the MPS control daemon sets compute modes: SYS_ADMIN only"
+            elif kustomization != "overlays/mig":
+                assert not added, f"{kustomization}: {container['name']} adds capabilities {added}"
 
 
 def test_mig_overlay_adds_exactly_the_mig_env_sys_admin_and_config() -> None:
