@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from nvidia_device_plugin.config.flags import (
     parse_bool,
     resolve_config,
 )
-from nvidia_device_plugin.config.loader import Override
+from nvidia_device_plugin.config.loader import Override, parse_config_text
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health
 from nvidia_device_plugin.errors import ConfigError
@@ -150,6 +151,8 @@ def test_every_option_has_a_flag_an_env_var_and_a_config_path_the_loader_knows()
         assert option.flags and option.env
         assert hasattr(args, option.dest) and getattr(args, option.dest) is None
         sample = {"bool": "true", "list": "envvar", "ints": "0", "str": "none"}[option.kind]
+        if option.path.endswith(("Root", "Path", "Dir")):
+            sample = "/none"  # host paths must be absolute
         env_value = {
             "flags.deviceDiscoveryStrategy": "auto",
             "flags.plugin.deviceIDStrategy": "uuid",
@@ -449,3 +452,15 @@ def test_fallback_strategies_come_from_the_environment_too(tmp_path: Path) -> No
         parse_args("--config-dir", str(mount)), {"NVDP_CONFIG_FALLBACK_STRATEGIES": "empty"}
     )
     assert source.resolve() is None
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["flags.mpsRoot", "flags.nvidiaDriverRoot", "flags.nvidiaDevRoot", "flags.plugin.containerDriverRoot"],
+)
+def test_host_paths_must_be_absolute(key: str) -> None:
+    *parents, leaf = key.split(".")
+    nesting = "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parents))
+    text = f"version: v1\n{nesting}{'  ' * len(parents)}{leaf}: run/mps\n"
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: must be an absolute path, got 'run/mps'"):
+        parse_config_text(text)

@@ -112,11 +112,23 @@ def parse_document(raw: object, notes: KeyNotes | None = None) -> Config:
     )
 
 
+def _host_path(s: Section, key: str, default: str) -> str:
+    """A path setting that names a host (or container) path: it must be absolute.
+
+    A relative one would be resolved against whatever the working directory is, and some of these are
+    handed to kubelet as mount sources (mpsRoot), where a relative path means nothing.
+    """
+    value = s.get_str(key, default)
+    if value and not value.startswith("/"):
+        fail(s.path_of(key), f"must be an absolute path, got {value!r}")
+    return value
+
+
 def _parse_flags(s: Section) -> Flags:
     d = Flags()
-    driver_root = s.get_str("nvidiaDriverRoot", d.nvidia_driver_root)
+    driver_root = _host_path(s, "nvidiaDriverRoot", d.nvidia_driver_root)
     # As NVIDIA does: the device nodes live under the driver root unless told otherwise.
-    dev_root = s.get_str("nvidiaDevRoot", "") or driver_root
+    dev_root = _host_path(s, "nvidiaDevRoot", "") or driver_root
     s.get_bool("useNodeFeatureAPI", False)  # GFD only
     # Older NVIDIA releases restarted the plugin on an unhealthy device; health changes are pushed
     # over ListAndWatch here, so the flag is accepted (old ConfigMaps load) and has nothing to do.
@@ -130,7 +142,7 @@ def _parse_flags(s: Section) -> Flags:
         fail_on_init_error=s.get_bool("failOnInitError", d.fail_on_init_error),
         nvidia_driver_root=driver_root,
         nvidia_dev_root=dev_root,
-        mps_root=s.get_str("mpsRoot", d.mps_root),
+        mps_root=_host_path(s, "mpsRoot", d.mps_root),
         gds_enabled=s.get_bool("gdsEnabled", d.gds_enabled),
         mofed_enabled=s.get_bool("mofedEnabled", d.mofed_enabled),
         gdrcopy_enabled=s.get_bool("gdrcopyEnabled", d.gdrcopy_enabled),
@@ -152,9 +164,7 @@ def _parse_plugin_flags(s: Section) -> PluginFlags:
             f"{hook_path!r} contradicts {s.path_of('nvidiaCTKPath')} {ctk_path!r} (one setting; give one)",
         )
     s.optional_str("kubeletSocket")  # the socket is a command-line matter here
-    cdi_spec_dir = s.get_str("cdiSpecDir", d.cdi_spec_dir)
-    if not cdi_spec_dir.startswith("/"):
-        fail(s.path_of("cdiSpecDir"), f"must be an absolute directory, got {cdi_spec_dir!r}")
+    cdi_spec_dir = _host_path(s, "cdiSpecDir", d.cdi_spec_dir) or d.cdi_spec_dir
     return PluginFlags(
         pass_device_specs=s.get_bool("passDeviceSpecs", d.pass_device_specs),
         device_list_strategy=_device_list_strategy(s, d.device_list_strategy),
@@ -164,7 +174,7 @@ def _parse_plugin_flags(s: Section) -> PluginFlags:
         ),
         cdi_annotation_prefix=s.get_str("cdiAnnotationPrefix", d.cdi_annotation_prefix),
         nvidia_ctk_path=ctk_path or hook_path or d.nvidia_ctk_path,
-        container_driver_root=s.get_str("containerDriverRoot", d.container_driver_root),
+        container_driver_root=_host_path(s, "containerDriverRoot", d.container_driver_root),
         cdi_feature_flags=_words(s.raw("cdiFeatureFlags"), s.path_of("cdiFeatureFlags")),
         cdi_disable_hooks=_words(s.raw("cdiDisableHooks"), s.path_of("cdiDisableHooks")),
         cdi_spec_dir=cdi_spec_dir,
