@@ -26,15 +26,11 @@ from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 
 from daemon_support import GPU, start_daemon
+from markers import soak
 
 RESOURCE = "example.com/dev"
 SOCKET = "fake-0.sock"
 DEVICES = [f"d{n}" for n in range(8)]
-
-
-def soak(size: int) -> object:
-    """A parameter for `make soak` only: marked `soak`, which the default test run deselects."""
-    return pytest.param(size, id=f"soak-{size}", marks=[pytest.mark.soak, pytest.mark.timeout(3600)])
 
 
 def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -29,13 +29,9 @@ from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.resources import build_resources, physical_uuid_of
 
 from daemon_support import GPU, gpu_uuids, simulator, start_daemon
+from markers import soak
 
 STATUS = grpc.StatusCode
-
-
-def soak(size: int) -> object:
-    """A parameter for `make soak` only: marked `soak`, which the default test run deselects."""
-    return pytest.param(size, id=f"soak-{size}", marks=[pytest.mark.soak, pytest.mark.timeout(3600)])
 
 
 def open_fds() -> int:
