@@ -11,8 +11,8 @@ import pytest
 
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.nvml.backend import open_nvml
-from nvidia_device_plugin.nvml.discovery import discover
-from nvidia_device_plugin.resources import ResourcePlan, build_resources, physical_uuid_of
+from nvidia_device_plugin.resources import ResourcePlan, physical_uuid_of
+from nvidia_device_plugin.snapshot import build_snapshot
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -20,10 +20,10 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def plan(config: str, node: str) -> dict[str, ResourcePlan]:
     session = open_nvml(node)
     try:
-        inventory = discover(session.nv, session.sysfs_root)
+        snapshot = build_snapshot(session, load_config_file(CONFIGS / config))
     finally:
         session.close()
-    return {p.name: p for p in build_resources(inventory, load_config_file(CONFIGS / config))}
+    return {p.name: p for p in snapshot.plans}
 
 
 # (config file, preset) -> {resource: (device count, sharing, replicas)}
