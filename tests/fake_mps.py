@@ -10,11 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 FAKE_CONTROL = """#!/bin/bash
 set -u
@@ -52,15 +48,6 @@ def kill_fake_daemons(root: Path) -> None:
         for pid in pids.read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
-
-
-def eventually(condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
-    """Wait for `condition`; the limit only turns a hang into a failure, it measures nothing."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.01)
 
 
 def lines(path: Path) -> list[str]:

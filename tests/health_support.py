@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +16,8 @@ from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
+
+from waiting import wait_for
 
 HEALTH_LOG = "nvidia_device_plugin.health"  # the package; the monitor logs as .health.monitor
 
@@ -47,14 +48,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 10.0) -> None:
-    deadline = time.monotonic() + cap_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.002)
 
 
 @dataclass

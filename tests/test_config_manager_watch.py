@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer
+from waiting import wait_for
 
 
 def _configs(tmp_path: Path, names: list[str]) -> Path:
@@ -33,14 +33,6 @@ def _configs(tmp_path: Path, names: list[str]) -> Path:
     for name in names:
         (srcdir / name).write_text(f"# {name}\nversion: v1\n")
     return srcdir
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(1500):  # a safety net against a hang, not a performance bound
-        if condition():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"gave up waiting for {what}")
 
 
 def _target(dst: Path) -> str | None:
@@ -77,48 +69,48 @@ def running(tmp_path: Path) -> Iterator[Callable[..., tuple[FakeApiServer, Path,
 
 def test_label_change_repoints_the_link(running: Any) -> None:
     server, srcdir, dst = running({LABEL: "time-slicing"}, ["time-slicing", "mig-mixed"])
-    _wait_for(lambda: _target(dst) == str(srcdir / "time-slicing"), "the first link")
-    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    wait_for(lambda: _target(dst) == str(srcdir / "time-slicing"), "the first link")
+    wait_for(lambda: len(server.watches()) == 1, "the watch")
     assert server.watches()[0]["resourceVersion"] == ["100"], "the watch must start where the list ended"
     server.set_label("mig-mixed")
-    _wait_for(lambda: _target(dst) == str(srcdir / "mig-mixed"), "the link to follow the label")
+    wait_for(lambda: _target(dst) == str(srcdir / "mig-mixed"), "the link to follow the label")
     server.set_label(None)  # label removed, no DEFAULT_CONFIG, named,single: nothing fits -> link kept
     server.set_label("time-slicing")
-    _wait_for(lambda: _target(dst) == str(srcdir / "time-slicing"), "the link to follow the label back")
+    wait_for(lambda: _target(dst) == str(srcdir / "time-slicing"), "the link to follow the label back")
 
 
 def test_watch_reconnects_from_the_last_resource_version(running: Any) -> None:
     server, srcdir, dst = running({LABEL: "a"}, ["a", "b", "c"])
-    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    wait_for(lambda: len(server.watches()) == 1, "the watch")
     server.set_label("b")
-    _wait_for(lambda: _target(dst) == str(srcdir / "b"), "label b")
+    wait_for(lambda: _target(dst) == str(srcdir / "b"), "label b")
     server.feed.put(CLOSE_STREAM)  # as an API server does after timeoutSeconds
-    _wait_for(lambda: len(server.watches()) == 2, "a second watch")
+    wait_for(lambda: len(server.watches()) == 2, "a second watch")
     assert server.watches()[1]["resourceVersion"] == ["101"]
     assert len(server.lists()) == 1, "a plain stream end needs no new list"
     server.set_label("c")
-    _wait_for(lambda: _target(dst) == str(srcdir / "c"), "label c over the new watch")
+    wait_for(lambda: _target(dst) == str(srcdir / "c"), "label c over the new watch")
 
 
 def test_410_gone_relists_and_catches_up(running: Any, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
     server, srcdir, dst = running({LABEL: "a"}, ["a", "b"])
-    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    wait_for(lambda: len(server.watches()) == 1, "the watch")
     server.set_label("b", announce=False)  # a change the watch missed: only a new list can see it
     server.expire_watch()
-    _wait_for(lambda: _target(dst) == str(srcdir / "b"), "the relisted label")
+    wait_for(lambda: _target(dst) == str(srcdir / "b"), "the relisted label")
     assert len(server.lists()) == 2
-    _wait_for(lambda: len(server.watches()) == 2, "a watch from the new list")
+    wait_for(lambda: len(server.watches()) == 2, "a watch from the new list")
     assert server.watches()[1]["resourceVersion"] == ["101"]
     assert "expired" in caplog.text
 
 
 def test_missing_config_name_keeps_the_previous_link(running: Any, caplog: pytest.LogCaptureFixture) -> None:
     server, srcdir, dst = running({LABEL: "a"}, ["a", "b"])
-    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    wait_for(lambda: len(server.watches()) == 1, "the watch")
     server.set_label("typo")
     server.set_label("b")
-    _wait_for(lambda: _target(dst) == str(srcdir / "b"), "the next good label")
+    wait_for(lambda: _target(dst) == str(srcdir / "b"), "the next good label")
     assert f"{LABEL}=typo names no config (available: a, b)" in caplog.text
 
 
@@ -135,7 +127,7 @@ def test_unlabelled_node_uses_default_and_fallbacks(
     running: Any, env: dict[str, str], names: list[str], expected: str | None
 ) -> None:
     server, srcdir, dst = running({}, names, **env)
-    _wait_for(lambda: len(server.watches()) == 1, "the watch")
+    wait_for(lambda: len(server.watches()) == 1, "the watch")
     if expected is None:
         assert dst.is_file() and not dst.is_symlink() and dst.read_bytes() == b""
     else:

@@ -21,6 +21,8 @@ from test_config_reading import without_file_permission_override
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.watch import ConfigWatcher, fingerprint
 
+from waiting import eventually
+
 WAIT = 20.0  # generous bound for a loaded CI machine; tests normally finish in well under a second
 NEVER = 3600.0  # poll interval that keeps the periodic check out of event-driven tests
 
@@ -45,20 +47,11 @@ class Calls:
             return self._cond.wait_for(lambda: self.count >= count, WAIT)
 
 
-def wait_until(condition: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def settle(watcher: ConfigWatcher, marker: Path) -> None:
     """Make an unrelated event in the watched directory and wait until the watcher has looked again."""
     seen = watcher.checks_done
     marker.write_text(str(time.monotonic()))
-    assert wait_until(lambda: watcher.checks_done > seen)
+    assert eventually(lambda: watcher.checks_done > seen, WAIT)
 
 
 def our_threads() -> set[threading.Thread]:
@@ -182,7 +175,7 @@ def test_no_call_back_without_a_content_change(tmp_path: Path, started: list[Con
     seen = watcher.checks_done
     os.utime(path)  # touch
     path.write_text(text)  # same bytes again
-    assert wait_until(lambda: watcher.checks_done > seen)
+    assert eventually(lambda: watcher.checks_done > seen, WAIT)
     settle(watcher, tmp_path / "unrelated")
     assert calls.count == 0
 
@@ -242,7 +235,9 @@ def test_an_unreadable_configmap_directory_does_not_stop_the_watcher(
     try:
         assert calls.wait_for(1)  # unreadable is a change: the daemon's reload rejects it and keeps serving
         seen = watcher.checks_done
-        assert wait_until(lambda: watcher.checks_done > seen + 5)  # several looks at the same failure...
+        assert eventually(
+            lambda: watcher.checks_done > seen + 5, WAIT
+        )  # several looks at the same failure...
         denied = [r for r in caplog.records if "Permission denied" in r.getMessage()]
         assert len(denied) == 1, [r.getMessage() for r in denied]  # ...logged once
         assert calls.count == 1
@@ -265,7 +260,7 @@ def test_periodic_check_covers_a_directory_that_appears_later(
     mount.mkdir()
     (mount / "config.yaml").write_text("flags: {migStrategy: single}\n")
     assert calls.wait_for(1)
-    assert wait_until(lambda: watcher.watching_events)  # and the event watch is made once it can be
+    assert eventually(lambda: watcher.watching_events, WAIT)  # and the event watch is made once it can be
 
 
 def test_stop_is_prompt_and_leaves_no_thread_behind(tmp_path: Path) -> None:
@@ -296,7 +291,7 @@ def test_stop_from_inside_the_call_back_and_double_start(tmp_path: Path) -> None
         watcher.start()
     path.write_text("a: 2\n")
     assert calls.wait_for(1)
-    assert wait_until(lambda: our_threads() - before == set())
+    assert eventually(lambda: our_threads() - before == set(), WAIT)
 
 
 def test_fingerprint_tracks_path_and_content(tmp_path: Path) -> None:

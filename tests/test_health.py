@@ -14,7 +14,8 @@ from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST, xid_reason
 from nvidia_device_plugin.nvml.node import load_node, parse_node
 
-from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node, wait_for
+from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node
+from waiting import wait_for
 
 
 @pytest.fixture

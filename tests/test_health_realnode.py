@@ -15,7 +15,8 @@ from nvidia_device_plugin.health.policy import REASON_LOST
 from nvidia_device_plugin.nvml.node import load_node, parse_node
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
 
-from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node, wait_for
+from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node
+from waiting import wait_for
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor, daemon_
 from nvidia_device_plugin.sharing.readiness import read_status
 from nvidia_device_plugin.snapshot import build_snapshot
 
-from fake_mps import eventually, install_fake_control, kill_fake_daemons, lines
+from fake_mps import install_fake_control, kill_fake_daemons, lines
+from waiting import wait_for
 
 GIB = 1024**3
 GPU0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
@@ -178,7 +179,7 @@ def test_supervisor_starts_one_daemon_per_gpu_with_its_environment(tmp_path: Pat
     supervisor, specs = _supervisor(tmp_path / "mps", fake_control)
     supervisor.start()
     try:
-        eventually(lambda: _all_ready(specs), "both daemons ready")
+        wait_for(lambda: _all_ready(specs), "both daemons ready")
         for gpu in (GPU0, GPU1):
             pipe = tmp_path / "mps" / "nvidia.com/gpu" / gpu / "pipe"
             env = dict(line.split("=", 1) for line in lines(pipe / "daemon.env") if "=" in line)
@@ -204,19 +205,19 @@ def test_supervisor_restarts_a_daemon_that_died_and_says_so_meanwhile(
     pipe = tmp_path / "nvidia.com/gpu" / GPU0 / "pipe"
     supervisor.start()
     try:
-        eventually(lambda: _all_ready(specs), "both daemons ready")
+        wait_for(lambda: _all_ready(specs), "both daemons ready")
         first = mps_daemon.running_pid(str(pipe))
         assert first is not None
         (tmp_path / "refuse-start").touch()
         os.kill(first, signal.SIGKILL)
-        eventually(lambda: not read_status(specs[0].status_path).ready, "GPU 0 not ready")
+        wait_for(lambda: not read_status(specs[0].status_path).ready, "GPU 0 not ready")
         assert (
             "exited" in read_status(specs[0].status_path).reason
             or "refusing" in read_status(specs[0].status_path).reason
         )
         (tmp_path / "refuse-start").unlink()
-        eventually(lambda: len(lines(pipe / "launches")) == 2, "a second launch")
-        eventually(lambda: _all_ready(specs), "the restarted daemon ready")
+        wait_for(lambda: len(lines(pipe / "launches")) == 2, "a second launch")
+        wait_for(lambda: _all_ready(specs), "the restarted daemon ready")
         second = mps_daemon.running_pid(str(pipe))
         assert second is not None and second != first
         assert lines(pipe / "commands")[2:] == lines(pipe / "commands")[:2]  # limits set again
@@ -229,7 +230,7 @@ def test_supervisor_restarts_a_daemon_that_died_and_says_so_meanwhile(
 def test_only_daemons_no_longer_wanted_get_quit(tmp_path: Path, fake_control: str) -> None:
     supervisor, specs = _supervisor(tmp_path, fake_control)
     supervisor.start()
-    eventually(lambda: _all_ready(specs), "both daemons ready")
+    wait_for(lambda: _all_ready(specs), "both daemons ready")
     pipes = [tmp_path / "nvidia.com/gpu" / gpu / "pipe" for gpu in (GPU0, GPU1)]
     kept_pid = mps_daemon.running_pid(str(pipes[1]))
     supervisor.update([specs[1]])
@@ -247,7 +248,7 @@ def test_a_successor_adopts_running_daemons_instead_of_starting_more(
 ) -> None:
     first, specs = _supervisor(tmp_path, fake_control)
     first.start()
-    eventually(lambda: _all_ready(specs), "both daemons ready")
+    wait_for(lambda: _all_ready(specs), "both daemons ready")
     first.stop()
     pipe = tmp_path / "nvidia.com/gpu" / GPU0 / "pipe"
     pid = mps_daemon.running_pid(str(pipe))
@@ -256,7 +257,7 @@ def test_a_successor_adopts_running_daemons_instead_of_starting_more(
     second, _ = _supervisor(tmp_path, fake_control)
     second.start()
     try:
-        eventually(lambda: all(s is not None and s.ready for s in second.statuses().values()), "adopted")
+        wait_for(lambda: all(s is not None and s.ready for s in second.statuses().values()), "adopted")
         assert lines(pipe / "launches") == ["-d"]
         assert mps_daemon.running_pid(str(pipe)) == pid
     finally:
@@ -270,7 +271,7 @@ def test_a_missing_control_binary_is_reported_per_gpu_and_never_ready(
     supervisor, specs = _supervisor(tmp_path, missing, [_mps_plan(replicas=2)])
     with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.sharing.mps_daemon"):
         supervisor.start()
-        eventually(lambda: all(os.path.exists(s.status_path) for s in specs), "both status files")
+        wait_for(lambda: all(os.path.exists(s.status_path) for s in specs), "both status files")
         supervisor.stop()
     for spec in specs:
         status = read_status(spec.status_path)

@@ -27,7 +27,8 @@ from nvidia_device_plugin.sharing.control_daemon import ControlDaemonOptions, Mp
 from nvidia_device_plugin.sharing.readiness import read_status, status_path
 
 from daemon_support import GPU, start_daemon
-from fake_mps import eventually, install_fake_control, kill_fake_daemons, lines
+from fake_mps import install_fake_control, kill_fake_daemons, lines
+from waiting import wait_for
 
 NODE = "pcie-nvlink-pairs"  # 4 GPUs
 
@@ -103,7 +104,7 @@ def test_a_missing_control_binary_leaves_replicas_unhealthy_and_allocate_refused
     plugin = setup.plugin(plugin_dir)
     try:
         gpus = _gpus(control)
-        eventually(lambda: all(os.path.exists(setup.pipe(g).parent / "status.json") for g in gpus), "status")
+        wait_for(lambda: all(os.path.exists(setup.pipe(g).parent / "status.json") for g in gpus), "status")
         assert kubelet.wait_for_resources([GPU])
         assert kubelet.wait_for(lambda: _all(kubelet, "Unhealthy"))
         assert len(_health(kubelet)) == 8
@@ -122,7 +123,7 @@ def test_daemon_dies_then_comes_back_and_the_replicas_follow(
 ) -> None:
     control = setup.control_daemon()
     gpus = _gpus(control)
-    eventually(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
+    wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
     plugin = setup.plugin(plugin_dir)
     try:
         assert kubelet.wait_for_resources([GPU])
@@ -158,7 +159,7 @@ def test_a_plugin_restart_leaves_the_control_daemons_and_clients_running(
 ) -> None:
     control = setup.control_daemon()
     gpus = _gpus(control)
-    eventually(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
+    wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
     pids = [mps_daemon.running_pid(str(setup.pipe(g))) for g in gpus]
     try:
         first = setup.plugin(plugin_dir)
@@ -182,7 +183,7 @@ def test_a_control_daemon_restart_adopts_the_running_daemons(
 ) -> None:
     first = setup.control_daemon()
     gpus = _gpus(first)
-    eventually(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
+    wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
     pids = [mps_daemon.running_pid(str(setup.pipe(g))) for g in gpus]
     plugin = setup.plugin(plugin_dir)
     try:
@@ -191,7 +192,7 @@ def test_a_control_daemon_restart_adopts_the_running_daemons(
         assert all(setup.status_ready(g) for g in gpus)  # clients keep running while it is away
         second = setup.control_daemon()
         try:
-            eventually(
+            wait_for(
                 lambda: all(s is not None and s.ready for s in second.supervisor.statuses().values()),
                 "the successor's first check",
             )
@@ -210,7 +211,7 @@ def test_config_changes_quit_control_daemons_only_when_no_longer_needed(
 ) -> None:
     control = setup.control_daemon()
     gpus = _gpus(control)
-    eventually(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
+    wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
     assert control.nvml is not None
     nv = control.nvml.nv
 
@@ -225,7 +226,7 @@ def test_config_changes_quit_control_daemons_only_when_no_longer_needed(
 
         setup.replicas = 4  # still MPS: the daemons stay, with new client defaults
         assert control.reload("test") and plugin.reload("test")
-        eventually(
+        wait_for(
             lambda: "set_default_active_thread_percentage 25" in lines(setup.pipe(gpus[0]) / "commands"),
             "the new defaults",
         )
@@ -257,9 +258,9 @@ def test_the_command_leaves_its_daemons_running_on_sigterm(setup: Setup) -> None
     command += ["--config-file", str(config), "--mps-control-binary", setup.control]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        eventually(lambda: any(p.name == "status.json" for p in setup.mps_root.rglob("*")), "a status file")
+        wait_for(lambda: any(p.name == "status.json" for p in setup.mps_root.rglob("*")), "a status file")
         (status_file,) = setup.mps_root.rglob("status.json")
-        eventually(lambda: read_status(str(status_file)).ready, "the T4's daemon ready")
+        wait_for(lambda: read_status(str(status_file)).ready, "the T4's daemon ready")
         pid = read_status(str(status_file)).pid
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=30)

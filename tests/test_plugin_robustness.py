@@ -12,8 +12,7 @@ import logging
 import os
 import shutil
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -27,20 +26,11 @@ from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 
 from daemon_support import GPU, start_daemon
 from markers import soak
+from waiting import eventually
 
 RESOURCE = "example.com/dev"
 SOCKET = "fake-0.sock"
 DEVICES = [f"d{n}" for n in range(8)]
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Wait until predicate() holds; False when it still does not after `timeout` (a hang guard)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def serve(manager: PluginManager) -> None:

@@ -4,8 +4,7 @@ import json
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.node import load_node
 from nvidia_device_plugin.nvml.sim_events import MalformedEvent, SimEvent, SimulatedEventFeeder, parse_event
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
+
+from waiting import wait_for
 
 FEEDER_LOG = "nvidia_device_plugin.nvml.sim_events"
 
@@ -40,14 +41,6 @@ class Recorder:
         if target == 99:
             raise ValueError("no simulated GPU or MIG device 99")
         self.calls.append(("lost", target, lost))
-
-
-def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 10.0) -> None:
-    deadline = time.monotonic() + cap_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.002)
 
 
 def append(path: Path, text: str) -> None:
