@@ -276,7 +276,9 @@ def test_gfd_rules_in_isolation() -> None:
 
 def test_compute_capability_not_supported_drops_architecture_labels(tmp_path: Path) -> None:
     node = tmp_path / "node.yaml"
-    node.write_text("gpus: [{name: Mystery GPU, memory_mib: 1024, compute_capability: null, pci_class: '0x030000'}]")
+    node.write_text(
+        "gpus: [{name: Mystery GPU, memory_mib: 1024, compute_capability: null, pci_class: '0x030000'}]"
+    )
     labels = labels_of(str(node))
     assert labels[N + "gpu.product"] == "Mystery-GPU"
     assert labels[N + "gpu.mode"] == "graphics"
