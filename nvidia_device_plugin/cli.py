@@ -1,4 +1,4 @@
-"""Command line: run (default), mps-control-daemon, demo, plan, check-config.
+"""Command line: run (default), mps-control-daemon, demo, plan, check-config, labels.
 
 Precedence: flag > env > config file > default.
 """
@@ -22,6 +22,7 @@ from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.errors import ConfigError, DevicePluginError
+from nvidia_device_plugin.labels.commands import add_labels_command, add_labels_file_arguments, labels_options
 from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from nvidia_device_plugin.sharing.control_flags import add_arguments as add_mps_control_arguments
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nvidia_device_plugin")
 
-COMMANDS = ("run", "mps-control-daemon", "demo", "plan", "check-config")
+COMMANDS = ("run", "mps-control-daemon", "demo", "plan", "check-config", "labels")
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_METRICS_ADDRESS = ":9402"
 
@@ -110,6 +111,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "[env NVDP_METRICS_ADDRESS]",
     )
 
+    add_labels_file_arguments(run, environ)
+
     mps_control = commands.add_parser(
         "mps-control-daemon", help="run the MPS control daemons of the GPUs the config shares with MPS"
     )
@@ -125,6 +128,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="print the resources and device IDs this node would advertise")
     common(plan, None)
     plan.add_argument("--output", choices=("table", "json"), default="table")
+
+    common(add_labels_command(commands.add_parser), None)
 
     check = commands.add_parser("check-config", help="validate a config file; non-zero exit with the error")
     check.add_argument("file", help="config file (YAML or JSON, version: v1)")
@@ -150,6 +155,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         if args.command == "plan":
             return _plan(args, load_config)
+        if args.command == "labels":
+            from nvidia_device_plugin.labels.commands import run_labels
+
+            return run_labels(args, load_config)
         if args.command == "mps-control-daemon":
             from nvidia_device_plugin.sharing.control_daemon import run as run_mps_control_daemon
 
@@ -256,6 +265,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Call
             watch=watcher if source.watch_paths() else None,
             kubelet_socket=args.kubelet_socket,
             metrics_address=args.metrics_address or "",
+            labels=labels_options(args),
         )
     )
     feeder = (

@@ -26,6 +26,7 @@ from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
+from nvidia_device_plugin.labels import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
@@ -56,6 +57,7 @@ class DaemonOptions:
     kubelet_socket: str = "kubelet.sock"
     metrics_address: str = ""  # host:port of /metrics, /healthz, /readyz; empty: no HTTP server
     mps_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often MPS status files are re-read
+    labels: LabelsOptions | None = None  # --labels-file: NFD features.d file following every change
 
 
 class Daemon:
@@ -81,6 +83,12 @@ class Daemon:
             else None
         )
 
+        self.labels = (
+            LabelsFileWriter(options.labels, lambda: (self.snapshot, self.registry.unhealthy()))
+            if options.labels is not None
+            else None
+        )
+
     @property
     def probes(self) -> ProbeServer | None:
         return self._probes
@@ -97,6 +105,8 @@ class Daemon:
             # reload waits on the lock below until the first snapshot is served.
             self._watcher = self.options.watch(self._on_config_file_changed)
             self._watcher.start()
+        if self.labels is not None:
+            self.labels.start()
         with self._reload_lock:
             self._start_serving()
 
@@ -114,6 +124,8 @@ class Daemon:
                 exc,
             )
             self.manager.start()
+            if self.labels is not None:
+                self.labels.notify()  # no GPUs to label: an empty file clears the node's labels
             return
         snapshot = _servable(build_snapshot(self.nvml, config))
         inventory = snapshot.inventory
@@ -144,6 +156,8 @@ class Daemon:
         if self._monitor is not None:
             self._monitor.stop()
         self.mps_readiness.stop()
+        if self.labels is not None:
+            self.labels.stop()
         self.manager.stop()
         if self._unsubscribe is not None:
             self._unsubscribe()
@@ -261,6 +275,8 @@ class Daemon:
         }
         self.snapshot = snapshot
         self.manager.apply(specs)
+        if self.labels is not None:
+            self.labels.notify()
 
     def _start_health(self, snapshot: Snapshot) -> None:
         if self._monitor is not None:
@@ -297,6 +313,8 @@ class Daemon:
     def _on_health_change(self, change: HealthChange) -> None:
         """The one log line per health change, and an immediate ListAndWatch push where it matters."""
         self.metrics.health_changed(change)
+        if self.labels is not None:
+            self.labels.notify()
         snapshot = self.snapshot
         if snapshot is None:
             return

@@ -34,6 +34,24 @@ class MigDevice:
     # /dev/nvidia-caps/nvidia-cap<N> minors of its GPU instance and compute instance, resolved at
     # discovery (from <proc>/driver/nvidia-caps/mig-minors); None where the host does not list them.
     caps_minors: tuple[int, int] | None = None
+    # nvmlDeviceGetAttributes of the MIG device (what GFD's per-profile labels publish); None where
+    # NVML would not say.
+    attributes: MigAttributes | None = None
+
+
+@dataclass(frozen=True)
+class MigAttributes:
+    """A MIG device's slices, SMs and shared engines, as nvmlDeviceGetAttributes reports them."""
+
+    memory_mb: int
+    multiprocessors: int
+    gpu_instance_slices: int
+    compute_instance_slices: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_decoders: int
+    ofa_engines: int
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,11 @@ class Gpu:
     mig_enabled: bool
     mig_devices: tuple[MigDevice, ...] = ()
     lost: bool = False  # GPU_IS_LOST during discovery: advertised, and marked unhealthy by the daemon
+    # Read for node labels; None where NVML or sysfs would not say (the label is then left out).
+    compute_capability: tuple[int, int] | None = None  # CUDA compute capability (major, minor)
+    pci_class: str | None = None  # sysfs PCI class, "0x030200" (3D controller) or "0x030000" (VGA)
+    mig_capable: bool = False  # nvmlDeviceGetMigMode answered (MIG can be enabled on it)
+    nvswitch_links: int = 0  # NVLinks from this GPU to NVSwitches
 
 
 @dataclass(frozen=True)

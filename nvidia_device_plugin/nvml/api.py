@@ -40,6 +40,11 @@ class DeviceAttributes(Protocol):
     computeInstanceSliceCount: int
     multiprocessorCount: int
     memorySizeMB: int
+    sharedCopyEngineCount: int
+    sharedDecoderCount: int
+    sharedEncoderCount: int
+    sharedJpegCount: int
+    sharedOfaCount: int
 
 
 class GpuInstanceInfo(Protocol):
@@ -104,6 +109,7 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: DeviceHandle, version: int | None = None) -> MemoryInfo: ...
     def nvmlDeviceGetPciInfo(self, handle: DeviceHandle) -> PciInfo: ...
     def nvmlDeviceGetNumaNodeId(self, handle: DeviceHandle) -> int: ...
+    def nvmlDeviceGetCudaComputeCapability(self, handle: DeviceHandle) -> tuple[int, int]: ...
 
     # ---- health beyond events (recovery checks)
     def nvmlDeviceGetTotalEccErrors(self, handle: DeviceHandle, errorType: int, counterType: int) -> int: ...

@@ -149,9 +149,16 @@ def _gpu(
             consequence="its NUMA node and topology are unknown",
         )
         partial = replace(partial, pci_bus_id=bus_id, numa_node=_numa_node(nv, handle, bus_id, sysfs_root))
-        mig_enabled = _mig_enabled(reader, handle, index)
-        if mig_enabled is None:
+        mig_mode = _mig_enabled(reader, handle, index)
+        if mig_mode is None:
             return None
+        mig_enabled, mig_capable = mig_mode
+        partial = replace(
+            partial,
+            mig_capable=mig_capable,
+            compute_capability=_compute_capability(reader, handle, index),
+            pci_class=read_pci_class(bus_id, sysfs_root),
+        )
         migs = read_mig_devices(reader, handle, partial, proc_root, caps) if mig_enabled else ()
     except GpuLost as lost:
         reader.note(
@@ -178,14 +185,15 @@ def _bus_id(nv: NvmlApi) -> Callable[[DeviceHandle], str]:
     return nvmlDeviceGetPciInfo
 
 
-def _mig_enabled(reader: Reader, handle: DeviceHandle, index: int) -> bool | None:
-    """MIG mode; None (with a problem) when it cannot be read: advertising it either way could be wrong."""
+def _mig_enabled(reader: Reader, handle: DeviceHandle, index: int) -> tuple[bool, bool] | None:
+    """(MIG enabled, MIG capable); None (with a problem) when MIG mode cannot be read: advertising it
+    either way could be wrong."""
     try:
         current, _pending = reader.nv.nvmlDeviceGetMigMode(handle)
     except pynvml.NVMLError as exc:
         code = error_code(exc)
         if code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
-            return False  # pre-Ampere GPUs have no MIG
+            return False, False  # pre-Ampere GPUs have no MIG
         if code == pynvml.NVML_ERROR_GPU_IS_LOST:
             raise GpuLost("nvmlDeviceGetMigMode") from exc
         reader.note(
@@ -195,7 +203,38 @@ def _mig_enabled(reader: Reader, handle: DeviceHandle, index: int) -> bool | Non
             f"{nvml_error(exc, f'reading MIG mode of GPU {index}')}; not advertised",
         )
         return None
-    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE), True
+
+
+def _compute_capability(reader: Reader, handle: DeviceHandle, index: int) -> tuple[int, int] | None:
+    """CUDA compute capability, for node labels only: a failure leaves those labels out."""
+    nv = reader.nv
+
+    def nvmlDeviceGetCudaComputeCapability(device: DeviceHandle) -> tuple[int, int] | None:
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(device)
+        return int(major), int(minor)
+
+    return reader.call(
+        nvmlDeviceGetCudaComputeCapability,
+        handle,
+        gpu=index,
+        what=f"reading the compute capability of GPU {index}",
+        fallback=None,
+        consequence="its architecture labels are left out",
+        quiet=_NOT_SUPPORTED,
+    )
+
+
+def read_pci_class(pci_bus_id: str, sysfs_root: Path) -> str | None:
+    """The PCI class of a GPU from sysfs ("0x030200": 3D controller), as GFD reads it; None when absent."""
+    path = _sysfs_pci_dir(pci_bus_id, sysfs_root)
+    if path is None:
+        return None
+    try:
+        text = (path / "class").read_text().strip().lower()
+    except OSError:
+        return None
+    return text if text.startswith("0x") else None
 
 
 def read_numa_node(pci_bus_id: str, sysfs_root: Path) -> int | None:
@@ -269,7 +308,14 @@ def _links(
             if a.index not in lost and b.index not in lost:
                 level = _common_ancestor(reader, a, ha, b, hb, lost)
             links.append(GpuLink(a=a.index, b=b.index, nvlinks=lanes, pcie=level))
-    gpus = tuple(gpu if gpu.index not in lost or gpu.lost else replace(gpu, lost=True) for gpu, _ in found)
+    gpus = tuple(
+        replace(
+            gpu,
+            lost=gpu.lost or gpu.index in lost,
+            nvswitch_links=to_switch[gpu.index],
+        )
+        for gpu, _ in found
+    )
     return gpus, tuple(links)
 
 

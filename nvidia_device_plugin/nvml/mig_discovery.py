@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pynvml
 
-from nvidia_device_plugin.devices import Gpu, MigDevice
+from nvidia_device_plugin.devices import Gpu, MigAttributes, MigDevice
 from nvidia_device_plugin.nvml.api import DeviceHandle
 from nvidia_device_plugin.nvml.errors import nvml_error
 from nvidia_device_plugin.nvml.mig_profiles import (
@@ -104,6 +104,17 @@ def _mig_device(
         caps_minors=resolve_caps_minors(caps, proc_root, gpu.minor, gi, ci)
         if proc_root is not None
         else None,
+        attributes=MigAttributes(
+            memory_mb=int(attrs.memorySizeMB),
+            multiprocessors=int(attrs.multiprocessorCount),
+            gpu_instance_slices=int(attrs.gpuInstanceSliceCount),
+            compute_instance_slices=int(attrs.computeInstanceSliceCount),
+            copy_engines=int(attrs.sharedCopyEngineCount),
+            decoders=int(attrs.sharedDecoderCount),
+            encoders=int(attrs.sharedEncoderCount),
+            jpeg_decoders=int(attrs.sharedJpegCount),
+            ofa_engines=int(attrs.sharedOfaCount),
+        ),
     )
 
 

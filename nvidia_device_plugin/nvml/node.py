@@ -20,6 +20,23 @@ _PROFILE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<attr>\+
 NVSWITCH_PCI_DOMAIN = "0000fffe"
 # Product names whose GPUs can run MIG (A30, A100, H100, H200, H20, B200, GB200, B300, ...).
 _MIG_CAPABLE = re.compile(r"A100|A30|H100|H200|H20|GH200|B200|B300|GB200|GB300")
+# CUDA compute capability by product name, first match wins (nvmlDeviceGetCudaComputeCapability's answer).
+_COMPUTE_CAPABILITY = (
+    (re.compile(r"GB300|B300|GB200|B200|B100"), (10, 0)),
+    (re.compile(r"RTX PRO 6000 Blackwell|RTX 50\d0"), (12, 0)),
+    (re.compile(r"H100|H200|H20|H800|GH200"), (9, 0)),
+    (re.compile(r"L40|L4\b|L20|RTX 6000 Ada|RTX 40\d0"), (8, 9)),
+    (re.compile(r"A100|A30|A800"), (8, 0)),
+    (re.compile(r"A10\b|A40|A16|A2\b|RTX A\d000|RTX 30\d0"), (8, 6)),
+    (re.compile(r"T4|Quadro RTX|RTX 20\d0"), (7, 5)),
+    (re.compile(r"V100|TITAN V"), (7, 0)),
+    (re.compile(r"P100"), (6, 0)),
+    (re.compile(r"P4\b|P40"), (6, 1)),
+)
+# PCI classes of NVIDIA GPUs in sysfs: data-center GPUs are 3D controllers, display GPUs VGA controllers.
+PCI_CLASS_3D = "0x030200"
+PCI_CLASS_VGA = "0x030000"
+_PCI_CLASSES = (PCI_CLASS_3D, PCI_CLASS_VGA)
 _BUS_ID = re.compile(r"^[0-9a-fA-F]{8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]$")
 
 _NODE_KEYS = {
@@ -42,6 +59,8 @@ _GPU_KEYS = {
     "mig_capable",
     "events",
     "minor",
+    "compute_capability",
+    "pci_class",
 }
 
 
@@ -70,6 +89,8 @@ class GpuSpec:
     mig: tuple[MigSpec, ...]
     events: bool
     minor: int = -1  # N of /dev/nvidiaN; the YAML default is the index
+    compute_capability: tuple[int, int] | None = None  # None: NVML answers NOT_SUPPORTED
+    pci_class: str = PCI_CLASS_3D
 
 
 @dataclass(frozen=True)
@@ -181,7 +202,32 @@ def _parse_gpu(node: str, index: int, doc: Any, source: str) -> GpuSpec:
         mig=migs,
         events=bool(doc.get("events", True)),
         minor=_int(doc.get("minor", index), source, f"{where}.minor"),
+        compute_capability=_compute_capability(doc, source, where),
+        pci_class=_pci_class(doc, source, where),
     )
+
+
+def _compute_capability(doc: dict[str, Any], source: str, where: str) -> tuple[int, int] | None:
+    """`compute_capability: "8.0"` (null: NVML does not say), else derived from the product name."""
+    if "compute_capability" not in doc:
+        name = str(doc["name"])
+        return next((cc for pattern, cc in _COMPUTE_CAPABILITY if pattern.search(name)), None)
+    value = doc["compute_capability"]
+    if value is None:
+        return None
+    match = re.fullmatch(r"(\d+)\.(\d+)", str(value))
+    if match is None:
+        raise ConfigError(f'{source}: {where}.compute_capability must look like "8.0", got {value!r}')
+    return int(match[1]), int(match[2])
+
+
+def _pci_class(doc: dict[str, Any], source: str, where: str) -> str:
+    value = str(doc.get("pci_class", PCI_CLASS_3D)).lower()
+    if value not in _PCI_CLASSES:
+        raise ConfigError(
+            f"{source}: {where}.pci_class must be one of {', '.join(_PCI_CLASSES)}, got {value!r}"
+        )
+    return value
 
 
 def _parse_mig(gpu_uuid: str, j: int, profile: Any, total_gb: int, source: str, where: str) -> MigSpec:

@@ -57,6 +57,7 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
         pci = host.sysfs_root / "bus" / "pci" / "devices" / f"{domain[-4:]}:{rest}"
         pci.mkdir(parents=True)
         (pci / "numa_node").write_text(f"{gpu.numa_node}\n")
+        (pci / "class").write_text(f"{gpu.pci_class}\n")  # GFD's gpu.mode label reads it
         minor = gpu_minor(gpu)
         (dev / f"nvidia{minor}").touch()
         for gi in range(_GPU_INSTANCES):

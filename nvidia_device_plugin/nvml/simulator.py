@@ -31,6 +31,7 @@ from nvidia_device_plugin.nvml.api import (
     PciInfo,
 )
 from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
+from nvidia_device_plugin.nvml.node import GpuSpec, MigSpec
 from nvidia_device_plugin.nvml.sim_host import gpu_minor, mig_instance_ids
 from nvidia_device_plugin.nvml.sim_state import (
     _GPU_INSTANCE_BASE,
@@ -157,6 +158,13 @@ class SimulatedNvml(SimulatorState):
         if gpu.numa_node < 0:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu.numa_node
+
+    @_api
+    def nvmlDeviceGetCudaComputeCapability(self, handle: DeviceHandle) -> tuple[int, int]:
+        gpu, _ = self._device(handle)  # a MIG device answers for its GPU
+        if gpu.compute_capability is None:
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.compute_capability
 
     # ---- pynvml: health beyond events ---------------------------------------------------------
 
@@ -289,8 +297,14 @@ class SimulatedNvml(SimulatorState):
         if mig:
             attrs.gpuInstanceSliceCount = mig.gpu_slices
             attrs.computeInstanceSliceCount = mig.compute_slices
-            attrs.multiprocessorCount = 14 * mig.compute_slices
+            attrs.multiprocessorCount = _sms_per_slice(gpu) * mig.compute_slices
             attrs.memorySizeMB = self._mig_memory_mb(gpu, mig)
+            engines = _mig_engines(mig)
+            attrs.sharedCopyEngineCount = engines[0]
+            attrs.sharedDecoderCount = engines[1]
+            attrs.sharedEncoderCount = engines[2]
+            attrs.sharedJpegCount = engines[3]
+            attrs.sharedOfaCount = engines[4]
         else:
             attrs.gpuInstanceSliceCount = 7
             attrs.computeInstanceSliceCount = 7
@@ -432,6 +446,32 @@ class SimulatedNvml(SimulatorState):
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         with self._lock:
             self._compute_modes()[gpu.index] = mode
+
+
+def _sms_per_slice(gpu: GpuSpec) -> int:
+    """SMs of one compute slice: 14 on Ampere (A100: 98 SMs in 7 slices), 16 on Hopper and later."""
+    major = gpu.compute_capability[0] if gpu.compute_capability else 8
+    return 14 if major < 9 else 16
+
+
+# Shared engines of a MIG device by GPU-instance slices (copy, NVDEC, NVENC, NVJPG, OFA), as nvidia-smi
+# mig -lgip lists them for A100/H100 class GPUs; "+me" profiles take the media engines of the whole GPU.
+_MIG_ENGINES = {
+    1: (1, 0, 0, 0, 0),
+    2: (2, 1, 0, 0, 0),
+    3: (3, 2, 0, 0, 0),
+    4: (4, 2, 0, 0, 0),
+    7: (7, 5, 0, 1, 1),
+}
+
+
+def _mig_engines(mig: MigSpec) -> tuple[int, int, int, int, int]:
+    copy, decoders, encoders, jpeg, ofa = _MIG_ENGINES.get(mig.gpu_slices, (mig.gpu_slices, 0, 0, 0, 0))
+    if mig.suffix.startswith("+me"):
+        return copy, max(decoders, 1), encoders, max(jpeg, 1), max(ofa, 1)
+    if mig.suffix == "-me":
+        return copy, 0, 0, 0, 0
+    return copy, decoders, encoders, jpeg, ofa
 
 
 def simulated_functions() -> list[str]:

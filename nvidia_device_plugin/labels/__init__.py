@@ -1,0 +1,11 @@
+"""Node labels: NVIDIA GPU Feature Discovery's label set (and ours) from the snapshot the plugin serves.
+
+gfd (GFD's rules), topology (our `nvdp.nvidia.com/` additions), node (the pure function that combines them),
+nfd (NFD's features.d file format), writer (the daemon's file thread), commands (`labels`, `--labels-file`),
+gfd_cli (the `gpu-feature-discovery` entry point).
+"""
+
+from nvidia_device_plugin.labels.node import LabelSettings, node_labels
+from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
+
+__all__ = ["LabelSettings", "LabelsFileWriter", "LabelsOptions", "node_labels"]
