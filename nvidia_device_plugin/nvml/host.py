@@ -15,6 +15,8 @@ class HostPaths:
     sysfs_root: Path  # holds bus/pci/devices/<bus id>/numa_node
     proc_root: Path  # holds driver/nvidia/capabilities/... and driver/nvidia-caps/mig-minors
     dev_root: Path  # the root under which dev/nvidiactl, dev/nvidia<minor>, dev/nvidia-caps/ are
+    # The driver root as this process sees it (CDI specs name its libraries); None: containerDriverRoot.
+    driver_root: Path | None = None
 
 
 REAL_HOST = HostPaths(sysfs_root=Path("/sys"), proc_root=Path("/proc"), dev_root=Path("/"))
