@@ -41,12 +41,14 @@ def plan_cdi(
     """The specs the snapshot needs under a CDI strategy (None without one); scans the node.
 
     The driver root is read where this process sees it: the session's (a simulated node's fake one) or
-    else `containerDriverRoot`. A problem found is returned in the plan, not raised: the snapshot is still
-    valid for everything but the CDI resources.
+    else `containerDriverRoot`; the spec directory is `cdiSpecDir` under the session's spec root. A
+    problem found is returned in the plan, not raised: the snapshot is still valid for everything but the
+    CDI resources.
     """
     if not any(s.startswith("cdi-") for s in config.flags.plugin.device_list_strategy):
         return None
     settings = CdiSettings.from_config(config)
+    spec_dir = str(host.spec_root / settings.spec_dir.lstrip("/"))
     notes = settings_notes(settings)
     driver_root = host.driver_root if host.driver_root is not None else Path(settings.container_driver_root)
     devices = [d for plan in plans for d in plan.devices]
@@ -54,8 +56,8 @@ def plan_cdi(
         scan = scan_node(inventory, devices, driver_root, host.dev_root, host.proc_root, settings.extra_modes)
         specs = generate_specs(plans, settings, scan)
     except CdiError as exc:
-        return CdiPlan(settings.spec_dir, problem=f"cannot generate the CDI spec: {exc}", notes=notes)
-    return CdiPlan(settings.spec_dir, specs=specs, notes=notes)
+        return CdiPlan(spec_dir, problem=f"cannot generate the CDI spec: {exc}", notes=notes)
+    return CdiPlan(spec_dir, specs=specs, notes=notes)
 
 
 def settings_notes(settings: CdiSettings) -> tuple[str, ...]:

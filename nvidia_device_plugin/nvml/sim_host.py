@@ -75,9 +75,9 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
         proc_root=root / "proc",
         dev_root=root / "root",
         driver_root=root / "driver-root",
+        spec_root=root / "root",
     )
-    assert host.driver_root is not None
-    _driver_root(host.driver_root, node.driver_version)
+    _driver_root(root / "driver-root", node.driver_version)
     dev = host.dev_root / "dev"
     (dev / "nvidia-caps").mkdir(parents=True)
     for name in CONTROL_NODES:
