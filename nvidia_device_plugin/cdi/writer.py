@@ -157,7 +157,9 @@ class CdiPublisher:
     def _set_problem(self, problem: str | None) -> None:
         if problem != self.problem:
             if problem is not None:
-                log.error("%s; serving no resources until it is fixed (then reload)", problem)
+                log.error(
+                    "%s; serving no resources until it is fixed (then SIGHUP or a config change)", problem
+                )
             elif self.problem is not None:
                 log.info("CDI specs can be generated again; serving resources")
         self.problem = problem
