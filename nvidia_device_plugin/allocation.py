@@ -186,7 +186,7 @@ def _container_response(
     devices = _checked_devices(i, ids, index, health)
     plan = index.plan
     physical = _physical_devices(devices)
-    runtime_ids = [d.physical_uuid if settings.device_id_strategy == "uuid" else d.index_id for d in physical]
+    runtime_ids = [runtime_device_id(d, settings.device_id_strategy) for d in physical]
 
     response = api_pb2.ContainerAllocateResponse()
     if settings.cdi_enabled:
@@ -241,6 +241,11 @@ def _container_response(
             for path in _device_paths(i, physical, index, settings)
         )
     return response
+
+
+def runtime_device_id(device: AdvertisedDevice, strategy: DeviceIdStrategy) -> str:
+    """The ID the runtime gets for `device`, and its CDI device name: a UUID, or "3" / "3:1" (index)."""
+    return device.physical_uuid if strategy == "uuid" else device.index_id
 
 
 def imex_channel_path(channel_id: int) -> str:

@@ -128,6 +128,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="print the resources and device IDs this node would advertise")
     common(plan, None)
     plan.add_argument("--output", choices=("table", "json"), default="table")
+    plan.add_argument(
+        "--cdi-spec",
+        action="store_true",
+        help="print the CDI specs a cdi-annotations / cdi-cri strategy would write, as JSON by file name",
+    )
 
     common(add_labels_command(commands.add_parser), None)
 
@@ -194,6 +199,7 @@ def _check_config(path: str) -> int:
 
 
 def _plan(args: argparse.Namespace, load_config: Callable[[], Config]) -> int:
+    from nvidia_device_plugin.cdi.view import cdi_to_json, render_cdi_summary
     from nvidia_device_plugin.nvml.backend import open_nvml
     from nvidia_device_plugin.planview import plan_to_json, render_plan_table
     from nvidia_device_plugin.snapshot import build_snapshot
@@ -204,10 +210,17 @@ def _plan(args: argparse.Namespace, load_config: Callable[[], Config]) -> int:
         snapshot = build_snapshot(session, config)
     finally:
         session.close()
-    if args.output == "json":
-        print(json.dumps(plan_to_json(snapshot.plans, snapshot.inventory), indent=2))
+    cdi = snapshot.cdi
+    if args.cdi_spec:
+        if cdi is None or cdi.problem is not None:
+            print(cdi.problem if cdi else "no CDI device-list strategy is configured", file=sys.stderr)
+            return 1
+        print(json.dumps({s.file_name: s.document for s in cdi.specs}, indent=2))
+    elif args.output == "json":
+        document = plan_to_json(snapshot.plans, snapshot.inventory)
+        print(json.dumps({**document, "cdi": cdi_to_json(cdi)}, indent=2))
     else:
-        print(render_plan_table(snapshot.plans, snapshot.inventory))
+        print(render_plan_table(snapshot.plans, snapshot.inventory) + render_cdi_summary(cdi), end="\n")
     return 0
 
 

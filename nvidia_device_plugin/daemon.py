@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.allocation import imex_problem, imex_summary
+from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import describe
@@ -69,6 +70,7 @@ class Daemon:
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
         self._reload_lock = threading.Lock()
+        self.cdi = CdiPublisher()  # CDI specs of the served snapshot (cdi-annotations / cdi-cri)
         self._reported: set[str] = set()  # discovery problems and MIG violations already logged
         self._retry: threading.Timer | None = None
         self._retry_delay_s = RELOAD_RETRY_MIN_S
@@ -182,6 +184,8 @@ class Daemon:
     def readiness(self) -> str | None:
         """None when every served resource is registered with kubelet; otherwise what is missing."""
         manager = self.manager
+        if self.cdi.problem is not None:
+            return f"not ready: {self.cdi.problem}"
         if manager.all_registered():
             return None
         served = manager.served()
@@ -273,6 +277,10 @@ class Daemon:
             )
             for plan in snapshot.plans
         }
+        # Written before the servers see the new plans, so every name Allocate returns is defined; when
+        # the specs cannot be made, no resource is served rather than names no runtime resolves.
+        if self.cdi.publish(snapshot.cdi) is not None:
+            specs = {}
         self.snapshot = snapshot
         self.manager.apply(specs)
         if self.labels is not None:

@@ -35,6 +35,9 @@
         }
       ]
     }
+
+`plan --output json` adds one key, "cdi": the CDI specs (nvidia_device_plugin/cdi/view.py, cdi_to_json),
+null without a CDI device-list strategy.
 """
 
 from __future__ import annotations

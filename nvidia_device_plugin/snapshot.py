@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from nvidia_device_plugin.allocation import AllocationSettings
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.cdi.model import CdiPlan
+from nvidia_device_plugin.cdi.spec import plan_cdi
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import ConfigError
@@ -30,6 +32,7 @@ class Snapshot:
     plans: tuple[ResourcePlan, ...]
     allocation: AllocationSettings
     mig_violations: tuple[MigLayoutViolation, ...] = ()  # GPUs left out for breaking flags.migStrategy
+    cdi: CdiPlan | None = None  # the CDI specs a CDI device-list strategy needs; None without one
 
 
 def build_snapshot(session: NvmlSession, config: Config) -> Snapshot:
@@ -42,9 +45,9 @@ def build_snapshot(session: NvmlSession, config: Config) -> Snapshot:
     plans = build_resources(inventory, config)
     check_device_list_sizes(plans)
     violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
-    return Snapshot(
-        config, inventory, plans, AllocationSettings.from_config(config, session.host), violations
-    )
+    allocation = AllocationSettings.from_config(config, session.host)
+    cdi = plan_cdi(inventory, plans, config, session.host)
+    return Snapshot(config, inventory, plans, allocation, violations, cdi)
 
 
 # Kubelet dials plugins without raising grpc-go's default receive limit: a ListAndWatch message over it

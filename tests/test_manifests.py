@@ -241,6 +241,11 @@ def test_cdi_overlay_selects_cdi_cri_and_mounts_the_spec_directory() -> None:
     volumes = {v["name"]: v for v in _pod("overlays/cdi")["volumes"]}
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/run/cdi"]
     assert volumes[mount["name"]]["hostPath"]["path"] == "/var/run/cdi"
+    assert not mount.get("readOnly", False), "the plugin writes its CDI specs there"
+    # The spec scan reads the driver's files at CONTAINER_DRIVER_ROOT, the host's NVIDIA_DRIVER_ROOT.
+    [driver] = [m for m in container["volumeMounts"] if m["mountPath"] == env["CONTAINER_DRIVER_ROOT"]]
+    assert driver["readOnly"] is True
+    assert volumes[driver["name"]]["hostPath"]["path"] == env["NVIDIA_DRIVER_ROOT"]
 
 
 def test_base_has_no_rbac_and_no_service_account_token() -> None:
