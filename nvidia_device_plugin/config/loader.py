@@ -55,13 +55,9 @@ from nvidia_device_plugin.config.document import (
     parse_document_text,
     read_config_document,
 )
+from nvidia_device_plugin.config.durations import parse_go_duration
 from nvidia_device_plugin.config.schema import ALIASES, KeyNotes
-from nvidia_device_plugin.config.sections import (
-    MAX_REPLICAS,
-    parse_document,
-    parse_go_duration,
-    qualified_name,
-)
+from nvidia_device_plugin.config.sections import MAX_REPLICAS, parse_document, qualified_name
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.errors import ConfigError
 

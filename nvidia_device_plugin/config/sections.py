@@ -13,6 +13,7 @@ import math
 import re
 
 from nvidia_device_plugin.config.document import Invalid, check_version, fail, fail_type, show
+from nvidia_device_plugin.config.durations import parse_go_duration
 from nvidia_device_plugin.config.schema import (
     FLAG_FIELDS,
     GFD_FIELDS,
@@ -70,19 +71,6 @@ _MIG_UUID = re.compile(rf"MIG-{_UUID}")
 _MIG_GPU_UUID = re.compile(rf"MIG-GPU-{_UUID}/[0-9]+/[0-9]+")
 _GPU_INDEX = re.compile(r"[0-9]+")
 _MIG_INDEX = re.compile(r"([0-9]+):([0-9]+)")
-_DURATION_PART = re.compile(
-    r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)"
-)  # Go accepts both spellings of micro
-_DURATION_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
 _MAX_XID = 2**64 - 1
 
 
@@ -478,29 +466,3 @@ def _parse_imex(s: Section) -> Imex:
     if tuple(ids) not in IMEX_CHANNEL_CONFIGS:
         fail(path, f"must be [] or [0] (the IMEX channel settings NVIDIA supports), got {show(raw)}")
     return Imex(channel_ids=tuple(ids), required=s.get_bool("required", False))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Values shared by several sections
-
-
-def parse_go_duration(text: str) -> float | None:
-    """Seconds in a Go duration string ("90s", "1m30s", "1.5h", "300ms"); None when `text` is not one."""
-    sign = 1.0
-    body = text
-    if body[:1] in ("+", "-"):
-        sign = -1.0 if body[0] == "-" else 1.0
-        body = body[1:]
-    if body == "0":
-        return 0.0
-    if not body:
-        return None
-    total = 0.0
-    pos = 0
-    while pos < len(body):
-        match = _DURATION_PART.match(body, pos)
-        if match is None or match.group(1) in ("", "."):
-            return None
-        total += float(match.group(1)) * _DURATION_UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    return sign * total

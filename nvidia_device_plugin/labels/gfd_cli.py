@@ -19,8 +19,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from nvidia_device_plugin.config.durations import parse_go_duration
 from nvidia_device_plugin.config.flags import add_config_arguments, resolve_config
-from nvidia_device_plugin.config.sections import parse_go_duration
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
 from nvidia_device_plugin.labels.nfd import (
