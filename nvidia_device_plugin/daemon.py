@@ -204,7 +204,9 @@ class Daemon:
             if old is None or self.nvml is None:
                 return False
             try:
-                snapshot = _servable(build_snapshot(self.nvml, self.options.load_config()))
+                snapshot = _servable(
+                    build_snapshot(self.nvml, self.options.load_config(), previous=old.inventory)
+                )
             except Exception as exc:  # whatever went wrong, the last good config keeps serving
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
                 log.error(
@@ -231,8 +233,9 @@ class Daemon:
 
     def _schedule_retry(self, reason: str) -> None:
         """Retry a reload NVML made fail, with backoff; a later successful reload resets it."""
-        if self._retry is not None and self._retry.is_alive():
-            return
+        pending = self._retry
+        if pending is not None and pending.is_alive() and pending is not threading.current_thread():
+            return  # one is already waiting; a retry that fails again schedules the next one itself
         delay = self._retry_delay_s
         self._retry_delay_s = min(delay * 2, RELOAD_RETRY_MAX_S)
         log.info("retrying the config reload in %gs (NVML failed during discovery)", delay)

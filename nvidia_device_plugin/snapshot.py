@@ -8,14 +8,14 @@ a reader (a gRPC call, a scrape) always sees one consistent moment.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nvidia_device_plugin.allocation import AllocationSettings
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.cdi.model import CdiPlan
 from nvidia_device_plugin.cdi.spec import plan_cdi
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.devices import DiscoveryProblem, Inventory
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
 from nvidia_device_plugin.nvml.backend import NvmlSession
@@ -35,19 +35,60 @@ class Snapshot:
     cdi: CdiPlan | None = None  # the CDI specs a CDI device-list strategy needs; None without one
 
 
-def build_snapshot(session: NvmlSession, config: Config) -> Snapshot:
+def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | None = None) -> Snapshot:
     """Discover the node through `session` and expand it under `config`.
+
+    `previous` is the inventory served until now (on a reload): a GPU it had that NVML can no longer even
+    open (GPU_IS_LOST from nvmlDeviceGetHandleByIndex, so not even its UUID can be read) is carried over
+    as lost, so that it stays advertised as Unhealthy instead of vanishing from kubelet's list.
 
     Raises NvmlError when discovery fails and ConfigError / InventoryError when the config cannot be
     applied to what was found.
     """
     inventory = discover(session.nv, session.host.sysfs_root, session.host.proc_root)
+    if previous is not None:
+        inventory = carry_over_lost(inventory, previous)
     plans = build_resources(inventory, config)
     check_device_list_sizes(plans)
     violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
     allocation = AllocationSettings.from_config(config, session.host)
     cdi = plan_cdi(inventory, plans, config, session.host)
     return Snapshot(config, inventory, plans, allocation, violations, cdi)
+
+
+def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
+    """`inventory` plus, marked lost, the GPUs of `previous` that discovery could not read this time."""
+    indices = {gpu.index for gpu in inventory.gpus}
+    failed = {p.gpu_index for p in inventory.problems if p.gpu_index is not None}
+    missing = [
+        replace(gpu, lost=True)
+        for gpu in previous.gpus
+        if gpu.index not in indices and gpu.index in failed and inventory.gpu(gpu.uuid) is None
+    ]
+    if not missing:
+        return inventory
+    kept = {gpu.index for gpu in missing}
+    links = [*inventory.links, *(ln for ln in previous.links if ln.a in kept or ln.b in kept)]
+    problems = [p for p in inventory.problems if p.gpu_index not in kept]
+    problems += [
+        DiscoveryProblem(
+            gpu.index,
+            next(p.call for p in inventory.problems if p.gpu_index == gpu.index),
+            next(p.code for p in inventory.problems if p.gpu_index == gpu.index),
+            f"GPU {gpu.index} ({gpu.uuid}) can no longer be read; still advertised, as Unhealthy "
+            "(lost), with what was known of it before",
+        )
+        for gpu in missing
+    ]
+    return replace(
+        inventory,
+        gpus=tuple(sorted([*inventory.gpus, *missing], key=lambda gpu: gpu.index)),
+        links=tuple(sorted(links, key=lambda ln: (ln.a, ln.b))),
+        problems=tuple(problems),
+        _by_uuid={},
+        _migs={},
+        _links={},
+    )
 
 
 # Kubelet dials plugins without raising grpc-go's default receive limit: a ListAndWatch message over it
