@@ -166,7 +166,7 @@ def test_signal_reaches_a_python_process_named_by_a_later_word(tmp_path: Path) -
         assert find_processes(name) == [target.pid]
         assert signal_processes(name, signal.SIGHUP) == [target.pid]
         for _ in range(300):  # the handler runs asynchronously in the other process
-            if marker.exists():
+            if marker.exists() and marker.read_text() == "hup":  # created before it is written
                 break
             time.sleep(0.02)
         assert marker.read_text() == "hup"
