@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -193,6 +194,38 @@ def test_run_command_serves_until_sigterm_and_cleans_up(plugin_dir: Path, kubele
     assert not (plugin_dir / "nvidia-gpu.sock").exists()
     assert "registered nvidia.com/gpu with kubelet" in output
     assert "config reloaded (SIGHUP)" in output
+
+
+def test_sighup_with_a_config_that_cannot_be_loaded_is_a_rejected_reload_not_an_exit(
+    tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"version": "v1"}')
+    proc = run_cli(
+        "run", "--simulate", "dgx-a100", "--device-plugin-path", str(plugin_dir), "--metrics-address", "",
+        "--config-file", str(config),
+    )  # fmt: skip
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), name="daemon-output")
+    reader.start()
+    try:
+        assert kubelet.wait_for_resources([GPU], timeout=30)
+        config.write_text("[" * 700 + "]" * 700)  # nested 700 deep: a RecursionError for a naive loader
+        proc.send_signal(signal.SIGHUP)
+        assert kubelet.wait_for(lambda: any("nested more than" in line for line in lines))
+        config.unlink()
+        os.mkfifo(config)  # a FIFO: reading it would block the main thread, and SIGTERM with it
+        proc.send_signal(signal.SIGHUP)
+        assert kubelet.wait_for(lambda: any("named pipe (FIFO)" in line for line in lines))
+        assert len(kubelet.devices(GPU)) == 8  # the last good config still serves
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        reader.join(timeout=30)
+    assert proc.returncode == 0, "".join(lines)
+    assert sum("rejected, still serving the previous config" in line for line in lines) >= 2
 
 
 def test_env_var_selects_plugin_dir_and_node(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
