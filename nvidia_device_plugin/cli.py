@@ -9,7 +9,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from nvidia_device_plugin.errors import ConfigError, DevicePluginError
 from nvidia_device_plugin.labels.commands import add_labels_command, add_labels_file_arguments, labels_options
 from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from nvidia_device_plugin.sharing.control_flags import add_arguments as add_mps_control_arguments
+from nvidia_device_plugin.signals import serve_until_stopped
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
@@ -286,27 +286,18 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Call
         if simulator is not None and args.simulate_events
         else None
     )
-    # Signals are taken synchronously with sigwait: a Python handler that sets an Event can deadlock
-    # when the signal lands while the main thread holds that Event's lock. Blocking them before any
-    # thread starts makes every thread inherit the mask, so only sigwait ever sees them.
-    handled = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
-    try:
+
+    def start() -> None:
         daemon.start()
         if feeder is not None:
             feeder.start()
-        while True:
-            signum = signal.sigwait(handled)
-            if signum == signal.SIGHUP:
-                daemon.reload("SIGHUP")
-                continue
-            log.info("received %s", signal.Signals(signum).name)
-            break
-    finally:
+
+    def stop() -> None:
         if feeder is not None:
             feeder.stop()
         daemon.stop()
         if follower is not None:
             follower.stop()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
+
+    serve_until_stopped(start, daemon.reload, stop)
     return 0

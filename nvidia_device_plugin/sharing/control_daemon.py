@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
 from nvidia_device_plugin.sharing.control_flags import CONTROL_EXECUTABLE
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor, daemon_specs
+from nvidia_device_plugin.signals import serve_until_stopped
 from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
 
 log = logging.getLogger(__name__)
@@ -160,19 +160,5 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Calla
             control_path=args.mps_control_binary,
         )
     )
-    # As in `run`: signals are taken with sigwait, blocked before any thread starts.
-    handled = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-    signal.pthread_sigmask(signal.SIG_BLOCK, handled)
-    try:
-        daemon.start()
-        while True:
-            signum = signal.sigwait(handled)
-            if signum == signal.SIGHUP:
-                daemon.reload("SIGHUP")
-                continue
-            log.info("received %s", signal.Signals(signum).name)
-            break
-    finally:
-        daemon.stop()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
+    serve_until_stopped(daemon.start, daemon.reload, daemon.stop)  # as `run` takes its signals
     return 0
