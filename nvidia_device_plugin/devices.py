@@ -109,10 +109,13 @@ class Inventory:
     driver_version: str = ""
     cuda_driver_version: int = 0
     problems: tuple[DiscoveryProblem, ...] = field(default=(), compare=False)
-    # Lookup tables derived from the fields above, so each lookup is O(1) on hot paths.
-    _by_uuid: dict[str, Gpu] = field(default_factory=dict, compare=False, repr=False)
-    _migs: dict[str, MigDevice] = field(default_factory=dict, compare=False, repr=False)
-    _links: dict[tuple[int, int], GpuLink] = field(default_factory=dict, compare=False, repr=False)
+    # Lookup tables derived from the fields above, so each lookup is O(1) on hot paths. Not init fields:
+    # dataclasses.replace() builds fresh ones for the new value instead of sharing (and filling) these.
+    _by_uuid: dict[str, Gpu] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _migs: dict[str, MigDevice] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _links: dict[tuple[int, int], GpuLink] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         self._by_uuid.update({g.uuid: g for g in self.gpus})

@@ -85,9 +85,6 @@ def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
         gpus=tuple(sorted([*inventory.gpus, *missing], key=lambda gpu: gpu.index)),
         links=tuple(sorted(links, key=lambda ln: (ln.a, ln.b))),
         problems=tuple(problems),
-        _by_uuid={},
-        _migs={},
-        _links={},
     )
 
 
