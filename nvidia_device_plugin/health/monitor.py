@@ -59,8 +59,6 @@ from nvidia_device_plugin.nvml.events import HealthEvent, NvmlFailure, ProbeStat
 
 log = logging.getLogger(__name__)
 
-NO_PERMISSION = 4  # NVML_ERROR_NO_PERMISSION (the monitor does not import pynvml)
-
 _MAX_BACKOFF_S = 5.0
 _IGNORED_LOG_WINDOW_S = 60.0
 _MAX_DISTINCT_IGNORED = 32  # distinct XIDs counted per window; the rest are summed as "other"
@@ -451,7 +449,7 @@ class HealthMonitor:
                 self._fault(gpu, gpu.uuid, REASON_LOST, None, self._clock(), lost=True)
             elif failure.not_supported:
                 self._report_polled(gpu, "it supports no health events")
-            elif failure.code == NO_PERMISSION and gpu.mig_enabled:
+            elif failure.no_permission and gpu.mig_enabled:
                 self._report_polled(
                     gpu,
                     "NO_PERMISSION: XIDs of MIG instances cannot be attributed without CAP_SYS_ADMIN "

@@ -2,7 +2,7 @@
 
 Everything here is a thin, typed step over one or two NvmlApi calls: create / register / wait / drain /
 free an event set, decode an event, probe whether a device is readable. NVML errors come out as
-`NvmlFailure`, classified the way the monitor needs (lost, not supported, GPU is lost).
+`NvmlFailure`, classified the way the monitor needs (lost, not supported, no permission, GPU is lost).
 
 Stopping promptly: real nvmlEventSetWait cannot be interrupted, and freeing the set or shutting NVML
 down under a waiting thread is unsafe, so a monitor on a real node waits out its timeout (500 ms) when it
@@ -60,6 +60,10 @@ class NvmlFailure(Exception):
     @property
     def not_supported(self) -> bool:
         return bool(self.code == pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    @property
+    def no_permission(self) -> bool:
+        return bool(self.code == pynvml.NVML_ERROR_NO_PERMISSION)
 
 
 EventKind = Literal["xid", "double-bit-ecc", "other"]
