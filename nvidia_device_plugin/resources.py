@@ -120,12 +120,6 @@ class ResourcePlan:
         base = short if prefix == "nvidia.com" else self.name.replace("/", "-")
         return f"nvidia-{base}.sock"
 
-    def device(self, device_id: str) -> AdvertisedDevice | None:
-        for dev in self.devices:
-            if dev.id == device_id:
-                return dev
-        return None
-
 
 DEFAULT_GPU_RESOURCE = f"{RESOURCE_PREFIX}/gpu"
 # An MPS server takes at most 48 client processes per GPU (Volta and newer), so more replicas would
@@ -473,10 +467,6 @@ def _check_sockets(plans: Sequence[ResourcePlan]) -> None:
 
 def _gpu_desc(gpu: Gpu) -> str:
     return f"GPU {gpu.index} ({gpu.uuid})"
-
-
-def _gpus_desc(gpus: Sequence[Gpu]) -> str:
-    return ", ".join(_gpu_desc(gpu) for gpu in gpus)
 
 
 def _mig_desc(gpu: Gpu, mig: MigDevice) -> str:

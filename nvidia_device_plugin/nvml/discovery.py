@@ -24,7 +24,6 @@ __all__ = ["discover", "mig_profile_name", "read_numa_node"]
 
 
 _NOT_SUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED})
-_EMPTY_SLOT = frozenset({pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT})
 # Display adapters of DGX Stations: NVML lists them, they run no CUDA work (NVIDIA's plugin skips them).
 DISPLAY_GPU_NAMES = frozenset({"DGX Display", "NVIDIA DGX Display"})
 

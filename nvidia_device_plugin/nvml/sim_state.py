@@ -9,10 +9,9 @@ import ctypes
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import pynvml
 
@@ -25,8 +24,6 @@ from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
 from nvidia_device_plugin.nvml.node import NVSWITCH_PCI_DOMAIN, GpuSpec, MigSpec, NodeSpec
 from nvidia_device_plugin.nvml.sim_host import materialize_host, mig_instance_ids
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 _GPU_STRIDE = 0x10000
 _MIG_STRIDE = 0x100
