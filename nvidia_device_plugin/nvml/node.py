@@ -12,10 +12,14 @@ from typing import Any
 import yaml
 
 from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
 
 _PRESET_PACKAGE = "nvidia_device_plugin.nvml.presets"
 _UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
-_PROFILE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?P<attr>\+me\.all|\+me|-me|\+gfx)?$")
+_PROFILE = re.compile(
+    r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb"
+    rf"(?P<attr>{'|'.join(re.escape(suffix) for suffix in ATTRIBUTE_SUFFIXES)})?$"
+)
 # NVSwitches live in a PCI domain of their own, so no GPU bus ID can collide with one.
 NVSWITCH_PCI_DOMAIN = "0000fffe"
 # Product names whose GPUs can run MIG (A30, A100, H100, H200, H20, B200, GB200, B300, ...).
