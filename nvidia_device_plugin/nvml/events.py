@@ -18,7 +18,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import pynvml
 
-from nvidia_device_plugin.nvml.api import EventData, EventSetHandle, NvmlApi
+from nvidia_device_plugin.nvml.api import DeviceHandle, EventData, EventSetHandle, NvmlApi
 
 NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
 # health.eventTypes names -> the NVML event bits that can change health. Single-bit ECC errors are
@@ -180,6 +180,13 @@ def uncorrected_ecc(nv: NvmlApi, gpu_uuid: str) -> int | None:
     """The GPU's volatile uncorrected ECC error count; None where NVML cannot say (no ECC, no access)."""
     try:
         handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+    except pynvml.NVMLError:
+        return None
+    return _uncorrected_ecc(nv, handle)
+
+
+def _uncorrected_ecc(nv: NvmlApi, handle: DeviceHandle) -> int | None:
+    try:
         return int(
             nv.nvmlDeviceGetTotalEccErrors(
                 handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
@@ -198,7 +205,7 @@ def recovery_blocker(nv: NvmlApi, gpu_uuid: str, ecc_baseline: int | None) -> st
         handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
     except pynvml.NVMLError as exc:
         return f"NVML cannot open it ({NvmlFailure(exc)})"
-    ecc = uncorrected_ecc(nv, gpu_uuid)
+    ecc = _uncorrected_ecc(nv, handle)
     if ecc is not None and ecc_baseline is not None and ecc > ecc_baseline:
         return f"{ecc - ecc_baseline} new uncorrectable ECC errors since the fault"
     try:
