@@ -98,12 +98,14 @@ CHECK_CONFIG_MAX_MIG_PER_GPU = 7
 # One advertised replica at its largest on the wire: a MIG UUID replica ID, "Unhealthy", a NUMA node.
 _WORST_DEVICE = pb.Device(ID="MIG-" + "0" * 36 + "::4095", health="Unhealthy")
 _WORST_DEVICE.topology.nodes.add(ID=7)
+# Bytes one device adds to a ListAndWatchResponse at most (the field tag and length included).
+_DEVICE_ENTRY_BYTES = pb.ListAndWatchResponse(devices=[_WORST_DEVICE]).ByteSize()
 
 
 def check_device_list_sizes(plans: Sequence[ResourcePlan]) -> None:
     """Refuse plans whose ListAndWatch message kubelet would drop (over its 4 MiB receive limit)."""
     for plan in plans:
-        worst = len(plan.devices) * _device_entry_bytes()
+        worst = len(plan.devices) * _DEVICE_ENTRY_BYTES
         if worst <= KUBELET_RECEIVE_LIMIT:
             continue
         size = pb.ListAndWatchResponse(
@@ -131,7 +133,7 @@ def check_config_device_lists(config: Config) -> None:
             devices = min(devices, entry.devices.count)
         elif entry.devices.refs:
             devices = min(devices, len(entry.devices.refs))
-        size = devices * entry.replicas * _device_entry_bytes()
+        size = devices * entry.replicas * _DEVICE_ENTRY_BYTES
         if size > KUBELET_RECEIVE_LIMIT:
             section = "timeSlicing" if i < len(sharing.time_slicing.resources) else "mps"
             raise ConfigError(
@@ -147,8 +149,3 @@ def _wire_device(device_id: str, numa_node: int | None) -> pb.Device:
     if numa_node is not None:
         device.topology.nodes.add(ID=numa_node)
     return device
-
-
-def _device_entry_bytes() -> int:
-    """Bytes one device adds to a ListAndWatchResponse at most (the field tag and length included)."""
-    return pb.ListAndWatchResponse(devices=[_WORST_DEVICE]).ByteSize()
