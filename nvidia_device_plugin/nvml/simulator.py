@@ -47,7 +47,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _api(fn: F) -> F:
-    """Marks a pynvml function: checks init, applies injected failures, holds the lock."""
+    """Marks a pynvml function: applies injected failures and checks init under the lock, then calls
+    it outside the lock."""
 
     @functools.wraps(fn)
     def wrapper(self: SimulatedNvml, *args: Any, **kwargs: Any) -> Any:
