@@ -98,18 +98,6 @@ class PluginManager:
         self._observer: BaseObserver | None = None
         self._watched_once = False
 
-    @property
-    def events(self) -> Events:
-        return self._events
-
-    @events.setter
-    def events(self, events: Events) -> None:
-        """Replace the listener (one that attaches after construction, as metrics does today)."""
-        self._events = events
-        with self._lock:
-            for server in self._servers.values():
-                server.events = events
-
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
