@@ -68,13 +68,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
+from nvidia_device_plugin.config.v1 import SharedAllocationPolicy
 from nvidia_device_plugin.devices import Inventory, PcieLevel
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
 
-SharedAllocationPolicy = Literal["distributed", "packed"]
 _SAME_GPU_CLOSENESS = 6  # two replicas of one GPU are closer than any two GPUs (same board is 5)
 
 _GroupKey = Callable[[AdvertisedDevice], str]
