@@ -398,7 +398,7 @@ def _fill(
     fit_rank: _Rank,
     fill_rank: _Rank,
 ) -> list[AdvertisedDevice]:
-    """Rules 1-3 of the replica and MIG policies, which differ only in how they rank the groups."""
+    """Rules 1-3 of the MIG policy, the groups ranked by `fit_rank` (rules 1-2) and `fill_rank` (rule 3)."""
     chosen = list(required)
     need = size - len(chosen)
     if need == 0:
