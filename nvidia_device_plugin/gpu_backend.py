@@ -19,7 +19,6 @@ from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.preferred import preferred_allocation
 from nvidia_device_plugin.resources import ResourcePlan
-from nvidia_device_plugin.sharing.mps import single_gpu_preference
 
 
 class MpsGate(Protocol):
@@ -72,11 +71,6 @@ class GpuResourceBackend:
     def preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
-        if self.plan.sharing == "mps" and size > 1:
-            # A container's MPS replicas must share one GPU (one pipe per resource): keep them together.
-            together = single_gpu_preference(self.plan, available, must_include, size)
-            if together is not None:
-                return together
         return preferred_allocation(
             self.plan,
             self.inventory,

@@ -318,7 +318,7 @@ def _gpu_of(uuid: str, snapshot: SnapshotView | None) -> str:
     mig = snapshot.inventory.mig_device(uuid)
     if mig is not None:
         return mig.parent_uuid
-    return uuid if any(gpu.uuid == uuid for gpu in snapshot.inventory.gpus) else ""
+    return uuid if snapshot.inventory.gpu(uuid) is not None else ""
 
 
 def _cuda_version(encoded: int) -> str:

@@ -36,6 +36,8 @@ Whole GPUs: the best-connected set
       * 3 GPUs, all free: {0, 1, 2}. {0, 1, 2} and {0, 2, 3} both hold one NVLink pair and span two
         nodes, so the lower indices decide.
 
+MPS replicas, more than one: one GPU where one fits (sharing/mps.py, single_gpu_preference), else as below
+
 Replicas (time-slicing, MPS): NVIDIA's sharedDevicesAllocationPolicy, topology-aware within it
     The `must_include` replicas are taken first; the rest are picked one at a time, as NVIDIA v0.20
     picks them. The allocated count of a GPU is `allocated_counts[uuid]` when the caller knows it,
@@ -68,13 +70,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
+from nvidia_device_plugin.config.v1 import SharedAllocationPolicy
 from nvidia_device_plugin.devices import Inventory, PcieLevel
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+from nvidia_device_plugin.sharing.mps import single_gpu_preference
 
-SharedAllocationPolicy = Literal["distributed", "packed"]
 _SAME_GPU_CLOSENESS = 6  # two replicas of one GPU are closer than any two GPUs (same board is 5)
 
 _GroupKey = Callable[[AdvertisedDevice], str]
@@ -121,6 +123,11 @@ def preferred_allocation(
     if size > len(available):
         raise AllocationError(f"allocation_size {size} exceeds the {len(available)} available devices")
 
+    if plan.sharing == "mps" and size > 1:
+        # A container's MPS replicas must share one GPU (one pipe per resource): keep them together.
+        together = single_gpu_preference(plan, available, must_include, size)
+        if together is not None:
+            return sorted(together, key=position.__getitem__)
     devices = [plan.devices[n] for n in sorted(position[i] for i in available)]
     required = [plan.devices[n] for n in sorted(position[i] for i in must_include)]
     if any(d.replica is not None for d in devices):
@@ -399,7 +406,7 @@ def _fill(
     fit_rank: _Rank,
     fill_rank: _Rank,
 ) -> list[AdvertisedDevice]:
-    """Rules 1-3 of the replica and MIG policies, which differ only in how they rank the groups."""
+    """Rules 1-3 of the MIG policy, the groups ranked by `fit_rank` (rules 1-2) and `fill_rank` (rule 3)."""
     chosen = list(required)
     need = size - len(chosen)
     if need == 0:

@@ -197,8 +197,10 @@ def test_directory_where_the_socket_goes_is_an_error_retried_until_removed(
     assert eventually(lambda: str(blocker) in (manager.health() or "")), manager.health()
     assert "directory" in (manager.health() or "")
     assert (blocker / "data").exists()
-    (blocker / "data").unlink()  # the operator clears it; the registrar may remove the empty directory first
-    with contextlib.suppress(FileNotFoundError):
+    # The operator clears it; the registrar may remove the empty directory first, and may even have bound
+    # its socket there already (NotADirectoryError).
+    (blocker / "data").unlink()
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         blocker.rmdir()
     assert kubelet.wait_for_resources([RESOURCE])
     assert eventually(lambda: manager.health() is None), manager.health()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -393,3 +394,23 @@ def test_every_answer_is_exact_offered_complete_and_order_blind(
     rng.shuffle(shuffled_available)
     rng.shuffle(shuffled_must)
     assert preferred_allocation(plan, inventory, shuffled_available, shuffled_must, size, counts) == result
+
+
+def test_mps_replicas_stay_on_one_gpu_and_the_request_is_checked_first() -> None:
+    plan = replace(_replica_plan(2, 4), sharing="mps")
+    inventory = _inventory([0, 0], {})
+    available = [replica_id(_uuid(0), r) for r in range(4)] + [replica_id(_uuid(1), r) for r in (1, 3)]
+    assert preferred_allocation(plan, inventory, available, [], 2) == [
+        replica_id(_uuid(1), 1),
+        replica_id(_uuid(1), 3),
+    ]
+    must = [replica_id(_uuid(0), 3)]
+    assert preferred_allocation(plan, inventory, available, must, 2) == [
+        replica_id(_uuid(0), 0),
+        replica_id(_uuid(0), 3),
+    ]
+    # The single-GPU shortcut answers only requests the checks let through.
+    with pytest.raises(AllocationError, match="is not in available_deviceIDs"):
+        preferred_allocation(plan, inventory, available[1:], [replica_id(_uuid(0), 0)], 2)
+    with pytest.raises(AllocationError, match="unknown device ID 'bogus'"):
+        preferred_allocation(plan, inventory, [*available, "bogus"], [], 2)

@@ -98,18 +98,6 @@ class PluginManager:
         self._observer: BaseObserver | None = None
         self._watched_once = False
 
-    @property
-    def events(self) -> Events:
-        return self._events
-
-    @events.setter
-    def events(self, events: Events) -> None:
-        """Replace the listener (one that attaches after construction, as metrics does today)."""
-        self._events = events
-        with self._lock:
-            for server in self._servers.values():
-                server.events = events
-
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -258,10 +246,14 @@ class PluginManager:
             with self._lock:
                 for name, server in self._servers.items():
                     if server.socket_path == path and not server.socket_intact():
-                        self._rebind.add(name)
-                        self._pending[name] = next(self._requests)
-                        self._registered.discard(name)
+                        self._socket_lost(name)
             self._wake.set()
+
+    def _socket_lost(self, name: str) -> None:
+        """Under self._lock: resource `name` must be served anew on its socket, then registered again."""
+        self._rebind.add(name)
+        self._pending[name] = next(self._requests)
+        self._registered.discard(name)
 
     def _kubelet_restarted(self, why: str) -> None:
         log.info("%s: kubelet (re)started, re-registering all resources", why)
@@ -351,9 +343,7 @@ class PluginManager:
             with self._lock:
                 for name in lost:
                     if name in self._servers:
-                        self._rebind.add(name)
-                        self._pending[name] = next(self._requests)
-                        self._registered.discard(name)
+                        self._socket_lost(name)
         if registered_with is not None and _inode(self.kubelet_socket) not in (None, registered_with):
             self._kubelet_restarted(f"kubelet socket {self.kubelet_socket} replaced")
 

@@ -125,7 +125,7 @@ class ResourceServer:
     ) -> None:
         self.resource_name = resource_name
         self.socket_path = socket_path
-        self.events = events
+        self._events = events
         self._max_workers = max_workers
         self._grpc: grpc.Server | None = None
         self._inode: int | None = None
@@ -272,4 +272,4 @@ class ResourceServer:
             context.abort(grpc.StatusCode.INTERNAL, shorten(f"{method} failed: {exc}"))
             raise
         finally:
-            self.events.call_answered(self.resource_name, method, time.perf_counter() - started, error)
+            self._events.call_answered(self.resource_name, method, time.perf_counter() - started, error)
