@@ -85,6 +85,10 @@ def test_available_names_skip_kubelets_configmap_bookkeeping(tmp_path: Path) -> 
     assert available_config_names(tmp_path) == ["mig-mixed", "time-slicing"]
     with pytest.raises(ConfigSelectionError, match="does not exist"):
         available_config_names(tmp_path / "missing")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(ConfigSelectionError, match="cannot list the configs"):
+        available_config_names(loop)  # any OSError is a ConfigSelectionError, which the manager handles
 
 
 # ---- settings ------------------------------------------------------------------------------------------

@@ -243,6 +243,12 @@ def test_only_daemons_no_longer_wanted_get_quit(tmp_path: Path, fake_control: st
     assert read_status(specs[1].status_path).ready
 
 
+def test_a_pid_file_naming_no_possible_process_reads_as_no_daemon(tmp_path: Path) -> None:
+    for text in ("not a pid", "0", "-1", str(2**31), str(2**64)):  # 2**31 and up: beyond pid_t
+        (tmp_path / mps_daemon.PID_FILE).write_text(text)
+        assert mps_daemon.running_pid(str(tmp_path)) is None
+
+
 def test_a_successor_adopts_running_daemons_instead_of_starting_more(
     tmp_path: Path, fake_control: str
 ) -> None:

@@ -73,6 +73,8 @@ def available_config_names(directory: Path) -> list[str]:
         raise ConfigSelectionError(f"config directory {directory} does not exist") from None
     except NotADirectoryError:
         raise ConfigSelectionError(f"config directory {directory} is not a directory") from None
+    except OSError as exc:  # not searchable (EACCES), a symlink loop: a config error, never an OSError
+        raise ConfigSelectionError(f"{directory}: cannot list the configs: {exc.strerror or exc}") from None
     # A mounted ConfigMap holds one symlink per key plus hidden `..data` / `..<timestamp>` entries.
     return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_file())
 

@@ -105,10 +105,7 @@ class ConfigSource:
         """NVIDIA's fallback strategies, for a directory source given no name and no default."""
         if not _exists(directory):
             raise ConfigError(f"config directory {directory} does not exist")
-        try:
-            names = available_config_names(directory)
-        except OSError as exc:
-            raise ConfigError(f"{directory}: cannot list the configs: {exc.strerror or exc}") from None
+        names = available_config_names(directory)
         try:
             selection = select_config("", names, "", self.fallback_strategies)
         except ConfigError:

@@ -87,12 +87,15 @@ def single_gpu_preference(
 
     With `must_include`, only its GPU qualifies (None when it names replicas of several GPUs).
     """
-    offered = set(available) | set(must_include)
+    included = set(must_include)
+    offered = set(available) | included
     free: dict[str, list[str]] = {}
+    required: set[str] = set()
     for dev in plan.devices:
         if dev.replica is not None and dev.id in offered:
             free.setdefault(dev.physical_uuid, []).append(dev.id)
-    required = {d.physical_uuid for d in plan.devices if d.id in set(must_include)}
+        if dev.id in included:
+            required.add(dev.physical_uuid)
     if len(required) > 1:
         return None
     fitting = [(len(ids), uuid) for uuid, ids in free.items() if len(ids) >= size and required <= {uuid}]
