@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import json
 import queue
+import select
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -114,6 +116,15 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _client_gone(self) -> bool:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                if not readable:
+                    return False
+                try:
+                    return self.connection.recv(1, socket.MSG_PEEK) == b""
+                except OSError:
+                    return True
+
             def _stream(self) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -122,6 +133,8 @@ class FakeApiServer:
                 self.close_connection = True
                 try:
                     while not fake.stopping.is_set():
+                        if self._client_gone():
+                            return  # as the API server: a watch whose client hung up takes no more events
                         try:
                             item = fake.feed.get(timeout=0.05)
                         except queue.Empty:

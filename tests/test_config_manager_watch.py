@@ -170,3 +170,15 @@ def test_oneshot_command_links_once_and_exits(tmp_path: Path) -> None:
     assert failed.returncode == 1
     assert f"{LABEL}=missing names no config (available: a, b)" in failed.stderr
     assert _target(dst) == str(srcdir / "b"), "a failed ONESHOT must leave the link alone"
+
+
+def test_a_malformed_watch_event_is_logged_and_the_watch_goes_on(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, srcdir, dst = running({LABEL: "a"}, ["a", "b"])
+    wait_for(lambda: len(server.watches()) == 1, "the watch")
+    server.feed.put({"type": "MODIFIED", "object": ["not", "a", "node"]})  # nothing a real server sends
+    wait_for(lambda: len(server.lists()) >= 2, "a new list after the bad event")
+    server.set_label("b")
+    wait_for(lambda: _target(dst) == str(srcdir / "b"), "the label followed after the bad event")
+    assert "config-manager:" in caplog.text

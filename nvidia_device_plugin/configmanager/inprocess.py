@@ -80,7 +80,11 @@ class NodeLabelConfig:
                     f"{self._settings.node_label} (see the line above)"
                 )
         except (NodeApiError, ConfigSelectionError, LinkError) as exc:
+            shutil.rmtree(self._link_dir, ignore_errors=True)
             raise ConfigError(f"--node-config-label: {exc}") from exc
+        except ConfigError:
+            shutil.rmtree(self._link_dir, ignore_errors=True)
+            raise
         self._thread = threading.Thread(target=self._manager.run, args=(self._stop,), name="node-label-watch")
         self._thread.daemon = True  # a watch read can block for minutes; stop() does not wait for it
         self._thread.start()

@@ -111,6 +111,8 @@ class ConfigManager:
                 continue
             except NodeApiError as exc:
                 self._problem("api", str(exc))
+            except Exception as exc:  # an odd API answer or a bug must not end the watching thread
+                self._problem("api", f"unexpected {type(exc).__name__}: {exc}")
             stop.wait(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX_SECONDS)
         log.info("stopped following label %s of node %s", s.node_label, s.node_name)

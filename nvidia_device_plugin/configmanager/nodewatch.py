@@ -132,6 +132,9 @@ class NodeLabelReader:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise NodeApiError(f"watch of node {self._node_name} broke off: {exc}") from exc
         finally:
+            # Closed, not just handed back: a watch left half-read (an error, a stop) would otherwise be
+            # reused by the next request, which then reads the rest of the stream as its status line.
+            stream.close()
             stream.release_conn()
 
     def _events(self, response: Any, version: str) -> Iterator[NodeState]:

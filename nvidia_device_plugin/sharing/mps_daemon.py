@@ -153,6 +153,7 @@ class MpsDaemonSupervisor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_check_failure: dict[str, str] = {}  # per pipe dir: the failure last logged
 
     def update(self, specs: Sequence[MpsDaemonSpec]) -> None:
         """Supervise exactly `specs` from now on; quit (and release) the daemons no longer wanted."""
@@ -200,9 +201,19 @@ class MpsDaemonSupervisor:
                     return
                 with self._lock:
                     if self._states.get(state.spec.pipe_dir) is state:
-                        self._check(state)
+                        try:
+                            self._check(state)
+                        except Exception as exc:  # a bug or an odd OS answer must not end supervision
+                            self._check_failed(state, exc)
             self._wake.wait(self._check_interval_s)
             self._wake.clear()
+
+    def _check_failed(self, state: _DaemonState, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        if reason != self._last_check_failure.get(state.spec.pipe_dir):
+            self._last_check_failure[state.spec.pipe_dir] = reason
+            log.exception("checking the MPS control daemon for %s failed; retrying", state.spec.label)
+        self._failed(state, time.monotonic())
 
     def _check(self, state: _DaemonState) -> None:
         spec = state.spec
