@@ -108,11 +108,21 @@ def test_a_missing_control_binary_leaves_replicas_unhealthy_and_allocate_refused
         assert kubelet.wait_for_resources([GPU])
         assert kubelet.wait_for(lambda: _all(kubelet, "Unhealthy"))
         assert len(_health(kubelet)) == 8
-        with pytest.raises(grpc.RpcError) as refused:
-            kubelet.allocate(GPU, [[f"{gpus[0]}::0"]])
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert f"MPS control daemon of GPU 0 ({gpus[0]}) is not ready" in str(refused.value.details())
-        assert missing in str(refused.value.details())
+        refusals: list[grpc.RpcError] = []
+
+        def refused_naming_the_binary() -> bool:
+            # The first status says "not started yet"; the one naming the missing binary follows it, and
+            # the plugin reads it at its next poll.
+            try:
+                kubelet.allocate(GPU, [[f"{gpus[0]}::0"]])
+            except grpc.RpcError as exc:
+                refusals.append(exc)
+                return missing in str(exc.details())
+            raise AssertionError("allocated a replica whose MPS control daemon is not ready")
+
+        assert kubelet.wait_for(refused_naming_the_binary)
+        assert all(r.code() == grpc.StatusCode.INVALID_ARGUMENT for r in refusals)
+        assert f"MPS control daemon of GPU 0 ({gpus[0]}) is not ready" in str(refusals[-1].details())
     finally:
         plugin.stop()
         control.stop()

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.atomicfile import replace_file
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiPlan, CdiSpec
 
 log = logging.getLogger(__name__)
@@ -83,18 +83,8 @@ def _write_if_changed(path: Path, text: str) -> bool:
     except OSError:
         pass  # missing or unreadable: (re)write it
     try:
-        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        replace_file(path, text, SPEC_FILE_MODE)
     except OSError as exc:
-        raise CdiError(f"cannot write a CDI spec in {path.parent}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), SPEC_FILE_MODE)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except OSError as exc:
-        Path(temp).unlink(missing_ok=True)
         raise CdiError(f"cannot write the CDI spec {path}: {exc.strerror or exc}") from exc
     return True
 

@@ -7,11 +7,10 @@ skipped, which is where the half-written temp file lives until it is renamed ove
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from nvidia_device_plugin.atomicfile import replace_file
 from nvidia_device_plugin.errors import DevicePluginError
 
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
@@ -39,20 +38,9 @@ def parse_features(text: str) -> dict[str, str]:
 
 def write_features(path: Path, labels: Mapping[str, str]) -> None:
     """Replace `path` with `labels` atomically (temp file in the same directory, fsync, rename)."""
-    directory = path.parent
     try:
-        fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        replace_file(path, render_features(labels))
     except OSError as exc:
-        raise LabelsFileError(f"cannot write the labels file {path}: {exc.strerror or exc}") from exc
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(render_features(labels))
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except OSError as exc:
-        Path(temp).unlink(missing_ok=True)
         raise LabelsFileError(f"cannot write the labels file {path}: {exc.strerror or exc}") from exc
 
 

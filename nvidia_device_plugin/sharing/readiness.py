@@ -21,11 +21,12 @@ import json
 import logging
 import os
 import posixpath
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from nvidia_device_plugin.atomicfile import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +65,7 @@ def write_status(path: str, status: GpuMpsStatus) -> None:
     """Replace the status file atomically, so a reader sees the old or the new status, never half of one."""
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".status-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(status.to_json() + "\n")
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_file(Path(path), status.to_json() + "\n")
 
 
 def read_status(path: str) -> GpuMpsStatus:
