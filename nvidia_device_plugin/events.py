@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+CallMethod = Literal["Allocate", "GetPreferredAllocation"]  # the unary kubelet calls that are counted
 CallError = Literal["invalid_argument", "internal"]
 
 
@@ -31,7 +32,7 @@ class Events:
     def call_answered(
         self,
         resource: str,
-        method: Literal["Allocate", "GetPreferredAllocation"],
+        method: CallMethod,
         seconds: float,
         error: CallError | None,
     ) -> None:

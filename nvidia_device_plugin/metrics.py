@@ -17,7 +17,7 @@ import logging
 import platform
 from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
-from typing import Literal, Protocol
+from typing import Protocol, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.events import CallError, Events, HealthChange
+from nvidia_device_plugin.events import CallError, CallMethod, Events, HealthChange
 from nvidia_device_plugin.health.policy import known_xid
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.plugin.manager import PluginManager
@@ -39,7 +39,7 @@ PREFIX = "nvidia_device_plugin_"
 # Allocate answers in well under a millisecond on a healthy node; a slow one (NVML calls, a busy node)
 # takes tens of milliseconds, and kubelet gives up after its own timeout, so nothing past a second matters.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-ERROR_CODES = ("invalid_argument", "internal")
+ERROR_CODES: tuple[CallError, ...] = get_args(CallError)
 
 
 class SnapshotView(Protocol):
@@ -184,7 +184,7 @@ class DaemonMetrics(Events):
     def call_answered(
         self,
         resource: str,
-        method: Literal["Allocate", "GetPreferredAllocation"],
+        method: CallMethod,
         seconds: float,
         error: CallError | None,
     ) -> None:

@@ -30,6 +30,9 @@ MAX_REQUEST_BYTES = 1024 * 1024
 MAX_CONTAINER_REQUESTS = 64
 # Answers carry device lists (ListAndWatch of a large MIG/replica node) and stay under kubelet's limit.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+# What the plugin tells kubelet it supports, at registration and when asked: preferred allocation, no
+# PreStartContainer.
+PLUGIN_OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 M = TypeVar("M", bound=Message)
 
@@ -75,7 +78,7 @@ def handlers(server: ResourceServer) -> grpc.GenericRpcHandler[bytes, Message]:
 
     def options(raw: bytes, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         server.parse_or_abort(pb.Empty, raw, context, "GetDevicePluginOptions")
-        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+        return PLUGIN_OPTIONS
 
     def list_and_watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         server.parse_or_abort(pb.Empty, raw, context, "ListAndWatch")

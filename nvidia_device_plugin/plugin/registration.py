@@ -10,6 +10,7 @@ import grpc
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
+from nvidia_device_plugin.plugin.protocol import PLUGIN_OPTIONS
 
 API_VERSION = "v1beta1"
 # Kubelet answers Register only after dialling the plugin's socket back (its own dial timeout is 10 s)
@@ -36,7 +37,7 @@ def register(
         version=API_VERSION,
         endpoint=endpoint,
         resource_name=resource_name,
-        options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+        options=PLUGIN_OPTIONS,
     )
     with grpc.insecure_channel(f"unix:{kubelet_socket}") as channel:
         # No wait_for_ready: gRPC's reconnect backoff starts at a second; our own retry loop is faster.

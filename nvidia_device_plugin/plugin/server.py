@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.errors import AllocationError, DevicePluginError
-from nvidia_device_plugin.events import NO_EVENTS, CallError, Events
+from nvidia_device_plugin.events import NO_EVENTS, CallError, CallMethod, Events
 from nvidia_device_plugin.plugin import protocol
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,6 @@ MAX_CONCURRENT_CALLS = 64
 # gRPC carries the status message in a header (16 KiB limit); an error quoting a 2 MB device ID would
 # arrive as RESOURCE_EXHAUSTED instead of the real code, and flood the log.
 MAX_ERROR_CHARS = 1024
-
-UnaryMethod = Literal["Allocate", "GetPreferredAllocation"]
 
 
 def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -254,7 +252,7 @@ class ResourceServer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
 
-    def call(self, method: UnaryMethod, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+    def call(self, method: CallMethod, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
         """Run one unary call: project errors become INVALID_ARGUMENT, surprises INTERNAL."""
         started = time.perf_counter()
         error: CallError | None = None
