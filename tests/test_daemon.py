@@ -206,10 +206,9 @@ def test_sighup_with_a_config_that_cannot_be_loaded_is_a_rejected_reload_not_an_
         "--config-file", str(config),
     )  # fmt: skip
     lines: list[str] = []
-    assert proc.stdout is not None
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), name="daemon-output")
-    reader.start()
     try:
+        reader.start()
         assert kubelet.wait_for_resources([GPU], timeout=30)
         config.write_text("[" * 700 + "]" * 700)  # nested 700 deep: a RecursionError for a naive loader
         proc.send_signal(signal.SIGHUP)
@@ -223,7 +222,8 @@ def test_sighup_with_a_config_that_cannot_be_loaded_is_a_rejected_reload_not_an_
         proc.wait(timeout=30)
     finally:
         proc.kill()
-        reader.join(timeout=30)
+        if reader.is_alive():
+            reader.join(timeout=30)
     assert proc.returncode == 0, "".join(lines)
     assert sum("rejected, still serving the previous config" in line for line in lines) >= 2
 
