@@ -320,9 +320,7 @@ def _replicas_by_policy(
 ) -> list[AdvertisedDevice]:
     free = _free_by_group(devices, required, key=lambda d: d.physical_uuid, within=lambda d: d.replica or 0)
     if allocated_counts is None:
-        total: dict[str, int] = {}
-        for dev in plan.devices:
-            total[dev.physical_uuid] = total.get(dev.physical_uuid, 0) + 1
+        total = plan.devices_per_physical
         # As NVIDIA counts it: every replica that is not a free candidate is allocated, so the
         # must_include replicas count as allocated on their GPU.
         load = {uuid: total[uuid] - len(group) for uuid, group in free.items()}

@@ -48,8 +48,11 @@ Choices where NVIDIA is silent, buggy or random, made to be predictable:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from types import MappingProxyType
 from typing import Literal
 
 from nvidia_device_plugin.config.v1 import (
@@ -112,6 +115,14 @@ class ResourcePlan:
     sharing: SharingMode = "none"
     replicas: int = 1  # replicas per physical device when shared
     fail_requests_greater_than_one: bool = False
+
+    @cached_property
+    def devices_per_physical(self) -> Mapping[str, int]:
+        """How many advertised IDs each physical device (GPU or MIG UUID) has here: its replicas, or 1.
+
+        Computed once per plan (a plan is never changed), not on every GetPreferredAllocation call.
+        """
+        return MappingProxyType(dict(Counter(d.physical_uuid for d in self.devices)))
 
     @property
     def socket_name(self) -> str:
