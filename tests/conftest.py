@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -10,8 +11,10 @@ import pytest
 
 from nvidia_device_plugin.daemon import Daemon
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.nvml.node import load_node
 
 from daemon_support import GPU, start_daemon
+from health_support import HEALTH_LOG, Node, make_node
 
 
 @pytest.fixture
@@ -36,3 +39,19 @@ def daemon(plugin_dir: Path, kubelet: KubeletStandIn) -> Iterator[Daemon]:
     assert kubelet.wait_for_resources([GPU])
     yield d
     d.stop()
+
+
+# ---- the health monitor on simulated nodes (tests/test_health*.py) --------------------------------------
+
+
+@pytest.fixture
+def dgx() -> Iterator[Node]:
+    """A HealthMonitor-ready simulated dgx-a100 (see health_support.make_node)."""
+    yield from make_node(load_node("dgx-a100"))
+
+
+@pytest.fixture
+def health_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """caplog, capturing the health monitor's DEBUG lines."""
+    caplog.set_level(logging.DEBUG, logger=HEALTH_LOG)
+    return caplog

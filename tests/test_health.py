@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator
 
@@ -14,13 +13,8 @@ from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST, xid_reason
 from nvidia_device_plugin.nvml.node import load_node, parse_node
 
-from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node
+from health_support import FakeClock, Node, lines, make_node
 from waiting import wait_for
-
-
-@pytest.fixture
-def dgx() -> Iterator[Node]:
-    yield from make_node(load_node("dgx-a100"))
 
 
 @pytest.fixture
@@ -38,12 +32,6 @@ def no_events_node() -> Iterator[Node]:
         ],
     }
     yield from make_node(parse_node(doc, source="test"))
-
-
-@pytest.fixture
-def health_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.DEBUG, logger=HEALTH_LOG)
-    return caplog
 
 
 def test_every_xid_seen_reaches_the_events_interface(dgx: Node) -> None:

@@ -3,7 +3,6 @@ unprivileged containers, GPU_IS_LOST from the event wait."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import pynvml
@@ -15,19 +14,8 @@ from nvidia_device_plugin.health.policy import REASON_LOST
 from nvidia_device_plugin.nvml.node import load_node, parse_node
 from nvidia_device_plugin.nvml.simulator import SimulatedNvml
 
-from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node
+from health_support import FakeClock, Node, lines, make_node
 from waiting import wait_for
-
-
-@pytest.fixture
-def dgx() -> Iterator[Node]:
-    yield from make_node(load_node("dgx-a100"))
-
-
-@pytest.fixture
-def health_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.DEBUG, logger=HEALTH_LOG)
-    return caplog
 
 
 def _poll(node: Node, clock: FakeClock, monitor: object) -> None:

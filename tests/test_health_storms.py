@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import tracemalloc
-from collections.abc import Iterator
 
 import pynvml
 import pytest
 
 from nvidia_device_plugin.config.v1 import Health
-from nvidia_device_plugin.nvml.node import load_node
 
-from health_support import HEALTH_LOG, FakeClock, Node, lines, make_node
+from health_support import FakeClock, Node, lines
 from waiting import wait_for
-
-
-@pytest.fixture
-def dgx() -> Iterator[Node]:
-    yield from make_node(load_node("dgx-a100"))
-
-
-@pytest.fixture
-def health_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    caplog.set_level(logging.DEBUG, logger=HEALTH_LOG)
-    return caplog
-
 
 # ---- storms and shutdown ----------------------------------------------------------------------------
 
