@@ -47,6 +47,7 @@ from nvidia_device_plugin.config.v1 import (
     DeviceIdStrategy,
     DeviceListStrategies,
     SharedAllocationPolicy,
+    uses_cdi,
 )
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.errors import AllocationError
@@ -113,7 +114,7 @@ class AllocationSettings:
 
     @property
     def cdi_enabled(self) -> bool:
-        return any(s.startswith("cdi-") for s in self.device_list_strategy)
+        return uses_cdi(self.device_list_strategy)
 
     @property
     def only_cdi(self) -> bool:

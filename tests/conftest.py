@@ -12,6 +12,7 @@ import pytest
 from nvidia_device_plugin.daemon import Daemon
 from nvidia_device_plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.nvml.node import load_node
+from nvidia_device_plugin.plugin.manager import PluginManager
 
 from daemon_support import GPU, start_daemon
 from health_support import HEALTH_LOG, Node, make_node
@@ -39,6 +40,15 @@ def daemon(plugin_dir: Path, kubelet: KubeletStandIn) -> Iterator[Daemon]:
     assert kubelet.wait_for_resources([GPU])
     yield d
     d.stop()
+
+
+@pytest.fixture
+def manager(plugin_dir: Path) -> Iterator[PluginManager]:
+    """The generic plugin framework on its own (no GPUs), started in plugin_dir."""
+    m = PluginManager(plugin_dir)
+    m.start()
+    yield m
+    m.stop()
 
 
 # ---- the health monitor on simulated nodes (tests/test_health*.py) --------------------------------------

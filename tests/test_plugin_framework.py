@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -39,14 +39,6 @@ class FakeBackend:
     ) -> list[str]:
         rest = [a for a in sorted(available) if a not in must_include]
         return list(must_include) + rest[: size - len(must_include)]
-
-
-@pytest.fixture
-def manager(plugin_dir: Path) -> Iterator[PluginManager]:
-    m = PluginManager(plugin_dir)
-    m.start()
-    yield m
-    m.stop()
 
 
 def serve(manager: PluginManager, backends: dict[str, FakeBackend]) -> None:

@@ -38,14 +38,6 @@ def serve(manager: PluginManager) -> None:
 
 
 @pytest.fixture
-def manager(plugin_dir: Path) -> Iterator[PluginManager]:
-    m = PluginManager(plugin_dir)
-    m.start()
-    yield m
-    m.stop()
-
-
-@pytest.fixture
 def channel(plugin_dir: Path) -> Iterator[grpc.Channel]:
     """A client of the plugin's socket that is not the kubelet stand-in."""
     with grpc.insecure_channel(f"unix:{plugin_dir / SOCKET}") as c:

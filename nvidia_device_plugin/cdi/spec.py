@@ -45,7 +45,7 @@ def plan_cdi(
     problem found is returned in the plan, not raised: the snapshot is still valid for everything but the
     CDI resources.
     """
-    if not any(s.startswith("cdi-") for s in config.flags.plugin.device_list_strategy):
+    if not config.flags.plugin.cdi_enabled:
         return None
     settings = CdiSettings.from_config(config)
     spec_dir = str(host.spec_root / settings.spec_dir.lstrip("/"))

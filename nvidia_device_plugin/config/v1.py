@@ -7,6 +7,7 @@ so the loader's check and mypy's agree: code downstream of the loader trusts the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, get_args
 
@@ -49,6 +50,11 @@ DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
 
+def uses_cdi(strategies: Sequence[str]) -> bool:
+    """Whether a device-list strategy list names a CDI strategy (cdi-annotations, cdi-cri)."""
+    return any(s.startswith("cdi-") for s in strategies)
+
+
 @dataclass(frozen=True)
 class PluginFlags:
     pass_device_specs: bool = False
@@ -62,6 +68,11 @@ class PluginFlags:
     cdi_feature_flags: tuple[str, ...] = ()  # NVIDIA's --cdi-feature-flags, passed to spec generation
     cdi_disable_hooks: tuple[str, ...] = ()  # NVIDIA's --cdi-disable-hooks: hooks left out of the spec
     cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR  # ours: where generated CDI specs are written
+
+    @property
+    def cdi_enabled(self) -> bool:
+        """Whether any device-list strategy answers Allocate with CDI names (so specs must exist)."""
+        return uses_cdi(self.device_list_strategy)
 
 
 @dataclass(frozen=True)
