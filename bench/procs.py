@@ -25,8 +25,8 @@ from pathlib import Path
 
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.nvml.backend import open_nvml
+from nvidia_device_plugin.nvml.session import open_nvml
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import build_snapshot
 

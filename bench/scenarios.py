@@ -35,12 +35,12 @@ from bench.procs import (
 )
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
+from nvidia_device_plugin.cli.planview import plan_to_json
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
-from nvidia_device_plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.nvml.backend import open_nvml
-from nvidia_device_plugin.planview import plan_to_json
+from nvidia_device_plugin.nvml.session import open_nvml
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.resources import build_resources
 from nvidia_device_plugin.snapshot import build_snapshot
 

@@ -1,3 +1,3 @@
-from nvidia_device_plugin.cli import main
+from nvidia_device_plugin.cli.main import main
 
 raise SystemExit(main())

@@ -17,21 +17,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.allocation import imex_problem, imex_summary
 from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import describe
 from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlError
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.gpu_backend import GpuResourceBackend
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
 from nvidia_device_plugin.labels import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.metrics import DaemonMetrics
-from nvidia_device_plugin.nvml.backend import NvmlSession
+from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
+from nvidia_device_plugin.serving.allocate import imex_problem, imex_summary
+from nvidia_device_plugin.serving.backend import GpuResourceBackend
 from nvidia_device_plugin.sharing.mps import replica_counts
 from nvidia_device_plugin.sharing.readiness import (
     DEFAULT_POLL_INTERVAL_S,

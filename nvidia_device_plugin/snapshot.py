@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from nvidia_device_plugin.allocation import AllocationSettings
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.cdi.model import CdiPlan
 from nvidia_device_plugin.cdi.spec import plan_cdi
@@ -18,9 +17,10 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import DiscoveryProblem, Inventory
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
-from nvidia_device_plugin.nvml.backend import NvmlSession
 from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.resources import ResourcePlan, build_resources
+from nvidia_device_plugin.serving.allocate import AllocationSettings
 
 
 @dataclass(frozen=True)

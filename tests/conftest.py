@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.nvml.node import load_node
+from nvidia_device_plugin.nvml.sim.node import load_node
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.plugin.manager import PluginManager
 
-from daemon_support import GPU, start_daemon
-from health_support import HEALTH_LOG, Node, make_node
+from support.daemon_support import GPU, start_daemon
+from support.health_support import HEALTH_LOG, Node, make_node
 
 
 @pytest.fixture

@@ -14,15 +14,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvidia_device_plugin.allocation import (
-    CONTROL_DEVICE_NODES,
-    MIG_CAPS_DEVICE_DIR,
-    mig_capability_device_node,
-)
 from nvidia_device_plugin.cdi.model import CdiError
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.resources import AdvertisedDevice
+from nvidia_device_plugin.serving.allocate import (
+    CONTROL_DEVICE_NODES,
+    MIG_CAPS_DEVICE_DIR,
+    mig_capability_device_node,
+)
 
 # Where distributions and the driver installer put the driver's user-space libraries, in search order.
 LIBRARY_DIRS = (

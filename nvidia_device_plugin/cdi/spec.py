@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nvidia_device_plugin.allocation import CDI_GPU_CLASS, runtime_device_id
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CDI_VERSION, CdiError, CdiPlan, CdiSettings, CdiSpec
 from nvidia_device_plugin.cdi.scan import NodeScan, scan_node
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.serving.allocate import CDI_GPU_CLASS, runtime_device_id
 
 # Hooks these specs can carry; cdiDisableHooks names them (or "all"). NVIDIA's toolkit knows a few more,
 # which these specs never carry, so disabling them is accepted and changes nothing.

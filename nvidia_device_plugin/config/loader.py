@@ -32,7 +32,7 @@ Where NVIDIA's behaviour is kept on purpose:
   default (NVIDIA's Health.Merge: only non-empty values from the higher-priority source override).
   `health.criticalXIDs` is "all" (every XID that is not ignored) or a list; an XID in both explicit lists
   is an error, as in NVIDIA's Health.Validate.
-- `imex.channelIDs` must be [] or [0], as for NVIDIA (Allocate injects the channel; see allocation.py).
+- `imex.channelIDs` must be [] or [0], as for NVIDIA (Allocate injects the channel; see serving/allocate.py).
 - GFD-only flags (`flags.gfd.*` with every value GFD takes, `sleepInterval: infinite` too;
   `useNodeFeatureAPI`) and `plugin.kubeletSocket` are type-checked and otherwise ignored, so shared
   ConfigMaps load. `deviceDiscoveryStrategy` is kept; discovery is NVML whatever it says.

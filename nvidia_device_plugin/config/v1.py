@@ -23,7 +23,7 @@ DeviceIdStrategy = Literal["uuid", "index"]
 # NVIDIA's flags.deviceDiscoveryStrategy. Discovery is always NVML here: `tegra` is accepted, and the daemon
 # says at start that it is not supported and NVML is used.
 DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
-# NVIDIA's flags.plugin.sharedDevicesAllocationPolicy: how replicas of shared GPUs are picked (preferred.py).
+# NVIDIA's flags.plugin.sharedDevicesAllocationPolicy: how replicas of shared GPUs are picked (see serving).
 SharedAllocationPolicy = Literal["distributed", "packed"]
 # What a ConfigWarning is about: a key the schema does not know (the daemon ignores it, check-config refuses
 # it), or a known key spelt in another case (accepted, as NVIDIA accepts it).

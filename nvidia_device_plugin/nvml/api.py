@@ -1,9 +1,9 @@
 """The pynvml API as this plugin uses it: every function product code calls, typed.
 
-`NvmlApi` is satisfied by the real `pynvml` module (untyped, so mypy takes it as is; tests/test_simulator.py
-checks each member against pynvml's signatures at run time) and by `SimulatedNvml` (checked by mypy where
-the session is built). A product call of an nvml function not declared here fails a test: declare it here
-first, then implement it in the simulator.
+`NvmlApi` is satisfied by the real `pynvml` module (untyped, so mypy takes it as is;
+tests/nvml/test_simulator.py checks each member against pynvml's signatures at run time) and by
+`SimulatedNvml` (checked by mypy where the session is built). A product call of an nvml function not
+declared here fails a test: declare it here first, then implement it in the simulator.
 
 pynvml hands back ctypes pointers for handles and ctypes structures for results. Handles are opaque to
 us, so they are NewTypes over `object` (code can pass them on, nothing else); structures are Protocols

@@ -102,6 +102,8 @@ def clear_socket_path(path: Path) -> None:
             log.warning("removed the empty directory %s, which stood where the socket must go", path)
         else:
             path.unlink(missing_ok=True)
+    except FileNotFoundError:
+        return  # removed by someone else meanwhile: the room is made
     except OSError as exc:
         what = "a directory" if stat.S_ISDIR(mode) else "a file"
         raise BindError(

@@ -5,9 +5,9 @@ instead. One per GPU is used here for two reasons. An MPS server that hits a fat
 clients down, and with one daemon per GPU that is one GPU's clients, not the whole node's. And with a
 single visible GPU the daemon's device ordinal 0 always means that GPU, so the pinned-memory limit lands on
 the right device. The price: a container's MPS replicas must all be on one GPU, since it has one pipe
-directory per resource (allocation.py refuses a request that spans GPUs). Paths and limits come from
+directory per resource (serving/allocate.py refuses a request that spans GPUs). Paths and limits come from
 sharing/mps.py; readiness is published through sharing/readiness.py. This supervisor runs inside the
-`mps-control-daemon` command (sharing/control_daemon.py), never inside the device plugin.
+`mps-control-daemon` command (mps_control.py, cli/mps_control.py), never inside the device plugin.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.resources import ResourcePlan
-from nvidia_device_plugin.sharing.control_flags import CONTROL_EXECUTABLE
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
 from nvidia_device_plugin.sharing.mps import (
     active_thread_percentage,
     host_log_dir,

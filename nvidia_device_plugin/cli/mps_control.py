@@ -1,0 +1,55 @@
+"""`nvidia-device-plugin mps-control-daemon`: its flags beyond those it shares with `run`, and the command.
+
+The long-running part (config -> wanted MPS daemons -> supervisor) is nvidia_device_plugin/mps_control.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from nvidia_device_plugin.config.flags import config_source
+from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
+from nvidia_device_plugin.signals import serve_until_stopped
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.config.watch import ConfigWatcher
+    from nvidia_device_plugin.nvml.session import NvmlSession
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "--mps-control-binary",
+        default=environ.get("NVDP_MPS_CONTROL_BINARY") or CONTROL_EXECUTABLE,
+        metavar="PATH",
+        help=f"the MPS control program (default {CONTROL_EXECUTABLE}, looked up on PATH); a missing one "
+        "is reported per GPU and leaves its replicas not ready [env NVDP_MPS_CONTROL_BINARY]",
+    )
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Callable[[], Config]) -> int:
+    """Run until SIGTERM/SIGINT; SIGHUP reloads the config. Leaves the MPS daemons running on exit."""
+    from nvidia_device_plugin.config.watch import ConfigWatcher
+    from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
+    from nvidia_device_plugin.nvml.session import open_nvml
+
+    source = config_source(args, environ)
+
+    def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
+        return ConfigWatcher(source, on_change)
+
+    def open_session() -> NvmlSession:
+        return open_nvml(args.simulate)
+
+    daemon = MpsControlDaemon(
+        ControlDaemonOptions(
+            load_config=load_config,
+            open_nvml=open_session,
+            watch=watcher if source.watch_paths() else None,
+            control_path=args.mps_control_binary,
+        )
+    )
+    serve_until_stopped(daemon.start, daemon.reload, daemon.stop)  # as `run` takes its signals
+    return 0

@@ -1,0 +1,135 @@
+"""The host tree of a simulated node: sysfs, procfs and /dev as the NVIDIA driver lays them out.
+
+Discovery reads NUMA nodes from sysfs, and Allocate (passDeviceSpecs) looks for the control nodes under
+/dev and reads MIG capability minors from procfs. A simulated node writes those files into a throwaway
+directory, so the same readers run unchanged. Device nodes are plain files: nothing opens them.
+
+The tree also holds a fake driver root (`driver_root`) laid out as the driver installer lays it out on
+Ubuntu: the driver's libraries (versioned with the node's driver version, plus the SONAME links), its
+binaries and its GSP firmware, among files that are not the driver's, for the CDI spec scan to read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvidia_device_plugin.nvml.host import HostPaths
+from nvidia_device_plugin.nvml.sim.node import GpuSpec, MigSpec, NodeSpec
+
+# The fake driver root: libraries (name stems; each file is <stem>.so.<driver version>), binaries, firmware.
+DRIVER_LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
+DRIVER_LIBRARIES = (
+    "libcuda",
+    "libcudadebugger",
+    "libnvidia-ml",
+    "libnvidia-ptxjitcompiler",
+    "libnvidia-nvvm",
+    "libnvidia-cfg",
+    "libnvidia-opencl",
+)
+DRIVER_BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
+DRIVER_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+NOT_DRIVER_FILES = ("libc.so.6", "libnvidia-ml.so.1", "libcuda.so.1", "libcuda.so")  # links and others
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # no nvidia-modeset: it is optional
+# The driver's nvidia-caps minor numbering (driver/nvidia-caps/mig-minors): 1 and 2 are the config and
+# monitor capabilities, then per GPU 15 GPU instances, each with its own minor and 8 compute instances.
+_GPU_INSTANCES = 15
+_COMPUTE_INSTANCES = 8
+_PER_GI = 1 + _COMPUTE_INSTANCES
+_PER_GPU = _GPU_INSTANCES * _PER_GI
+_FIRST_GPU_MINOR = 3
+
+
+def gpu_minor(gpu: GpuSpec) -> int:
+    """N of /dev/nvidiaN: the node file's `minor` (default: the index; real drivers may differ)."""
+    return gpu.minor if gpu.minor >= 0 else gpu.index
+
+
+def mig_instance_ids(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int]:
+    """(GPU instance ID, compute instance ID) of a simulated MIG device.
+
+    The driver's IDs are opaque; position-based GPU instance IDs with one compute instance each keep them
+    unique and inside the driver's range.
+    """
+    return mig.slot + 1, 0
+
+
+def gi_cap_minor(minor: int, gi: int) -> int:
+    return _FIRST_GPU_MINOR + minor * _PER_GPU + gi * _PER_GI
+
+
+def ci_cap_minor(minor: int, gi: int, ci: int) -> int:
+    return gi_cap_minor(minor, gi) + 1 + ci
+
+
+def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
+    """Write `node`'s sysfs, procfs and /dev files under `root` (an empty directory)."""
+    host = HostPaths(
+        sysfs_root=root / "sys",
+        proc_root=root / "proc",
+        dev_root=root / "root",
+        driver_root=root / "driver-root",
+        spec_root=root / "root",
+    )
+    _driver_root(root / "driver-root", node.driver_version)
+    dev = host.dev_root / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True)
+    for name in CONTROL_NODES:
+        (dev / name).touch()
+    minors = ["config 1", "monitor 2"]
+    for gpu in node.gpus:
+        domain, rest = gpu.pci_bus_id.lower().split(":", 1)
+        pci = host.sysfs_root / "bus" / "pci" / "devices" / f"{domain[-4:]}:{rest}"
+        pci.mkdir(parents=True)
+        (pci / "numa_node").write_text(f"{gpu.numa_node}\n")
+        (pci / "class").write_text(f"{gpu.pci_class}\n")  # GFD's gpu.mode label reads it
+        minor = gpu_minor(gpu)
+        (dev / f"nvidia{minor}").touch()
+        for gi in range(_GPU_INSTANCES):
+            minors.append(f"gpu{minor}/gi{gi}/access {gi_cap_minor(minor, gi)}")
+            minors += [
+                f"gpu{minor}/gi{gi}/ci{ci}/access {ci_cap_minor(minor, gi, ci)}"
+                for ci in range(_COMPUTE_INSTANCES)
+            ]
+        if gpu.mig_enabled:
+            for mig in gpu.mig:
+                gi, ci = mig_instance_ids(gpu, mig)
+                gi_dir = host.proc_root / "driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
+                _capability(gi_dir / "access", gi_cap_minor(minor, gi), dev)
+                _capability(gi_dir / f"ci{ci}" / "access", ci_cap_minor(minor, gi, ci), dev)
+    caps = host.proc_root / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text("".join(f"{line}\n" for line in minors))
+    return host
+
+
+def _capability(access: Path, cap_minor: int, dev: Path) -> None:
+    access.parent.mkdir(parents=True, exist_ok=True)
+    # The driver's format; DeviceFileMode 292 is 0444.
+    access.write_text(f"DeviceFileMinor: {cap_minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    (dev / "nvidia-caps" / f"nvidia-cap{cap_minor}").touch()
+
+
+def _driver_root(root: Path, version: str) -> None:
+    libs = root / DRIVER_LIBRARY_DIR
+    libs.mkdir(parents=True)
+    for stem in DRIVER_LIBRARIES:
+        (libs / f"{stem}.so.{version}").write_bytes(b"\x7fELF")
+    for name in NOT_DRIVER_FILES:
+        if name.startswith("libcuda"):
+            (libs / name).symlink_to(f"libcuda.so.{version}")
+        else:
+            (libs / name).touch()
+    (root / "usr/bin").mkdir(parents=True)
+    for name in DRIVER_BINARIES:
+        (root / "usr/bin" / name).write_bytes(b"\x7fELF")
+    firmware = root / "lib/firmware/nvidia" / version
+    firmware.mkdir(parents=True)
+    for name in DRIVER_FIRMWARE:
+        (firmware / name).write_bytes(b"\0")

@@ -1,0 +1,275 @@
+"""Simulated node descriptions: built-in presets and YAML node files, parsed into frozen NodeSpec values."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
+
+_PRESET_PACKAGE = "nvidia_device_plugin.nvml.sim.presets"
+_UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
+_PROFILE = re.compile(
+    r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb"
+    rf"(?P<attr>{'|'.join(re.escape(suffix) for suffix in ATTRIBUTE_SUFFIXES)})?$"
+)
+# NVSwitches live in a PCI domain of their own, so no GPU bus ID can collide with one.
+NVSWITCH_PCI_DOMAIN = "0000fffe"
+# Product names whose GPUs can run MIG (A30, A100, H100, H200, H20, B200, GB200, B300, ...).
+_MIG_CAPABLE = re.compile(r"A100|A30|H100|H200|H20|GH200|B200|B300|GB200|GB300")
+# CUDA compute capability by product name, first match wins (nvmlDeviceGetCudaComputeCapability's answer).
+_COMPUTE_CAPABILITY = (
+    (re.compile(r"GB300|B300|GB200|B200|B100"), (10, 0)),
+    (re.compile(r"RTX PRO 6000 Blackwell|RTX 50\d0"), (12, 0)),
+    (re.compile(r"H100|H200|H20|H800|GH200"), (9, 0)),
+    (re.compile(r"L40|L4\b|L20|RTX 6000 Ada|RTX 40\d0"), (8, 9)),
+    (re.compile(r"A100|A30|A800"), (8, 0)),
+    (re.compile(r"A10\b|A40|A16|A2\b|RTX A\d000|RTX 30\d0"), (8, 6)),
+    (re.compile(r"T4|Quadro RTX|RTX 20\d0"), (7, 5)),
+    (re.compile(r"V100|TITAN V"), (7, 0)),
+    (re.compile(r"P100"), (6, 0)),
+    (re.compile(r"P4\b|P40"), (6, 1)),
+)
+# PCI classes of NVIDIA GPUs in sysfs: data-center GPUs are 3D controllers, display GPUs VGA controllers.
+PCI_CLASS_3D = "0x030200"
+PCI_CLASS_VGA = "0x030000"
+_PCI_CLASSES = (PCI_CLASS_3D, PCI_CLASS_VGA)
+_BUS_ID = re.compile(r"^[0-9a-fA-F]{8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]$")
+
+_NODE_KEYS = {
+    "name",
+    "driver_version",
+    "cuda_driver_version",
+    "nvswitch_links",
+    "gpus",
+    "nvlinks",
+    "unprivileged_container",
+}
+_GPU_KEYS = {
+    "name",
+    "uuid",
+    "memory_mib",
+    "pci_bus_id",
+    "numa_node",
+    "pcie_switch",
+    "mig",
+    "mig_capable",
+    "events",
+    "minor",
+    "compute_capability",
+    "pci_class",
+}
+
+
+@dataclass(frozen=True)
+class MigSpec:
+    profile: str  # "1g.10gb", "1c.2g.20gb" or "1g.10gb+me"
+    uuid: str
+    gpu_slices: int
+    compute_slices: int
+    memory_gb: int
+    slot: int = 0  # index for nvmlDeviceGetMigDeviceHandleByIndex (a null in the YAML list leaves a gap)
+    suffix: str = ""  # "+me", "-me", "+gfx", "+me.all"
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    index: int
+    name: str
+    uuid: str
+    memory_mib: int
+    pci_bus_id: str
+    numa_node: int  # -1: sysfs says unknown
+    pcie_switch: int | None
+    mig_capable: bool
+    mig_enabled: bool
+    mig: tuple[MigSpec, ...]
+    events: bool
+    minor: int = -1  # N of /dev/nvidiaN; the YAML default is the index
+    compute_capability: tuple[int, int] | None = None  # None: NVML answers NOT_SUPPORTED
+    pci_class: str = PCI_CLASS_3D
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    driver_version: str
+    cuda_driver_version: int
+    gpus: tuple[GpuSpec, ...]
+    nvswitch_links: int  # NVLinks from every GPU to the NVSwitch fabric; 0 when there is none
+    nvlinks: tuple[tuple[int, int, int], ...]  # direct GPU-GPU links: (a, b, lanes)
+    # A container without CAP_SYS_ADMIN: MIG enumeration and MIG-attributed events answer NO_PERMISSION.
+    unprivileged_container: bool = False
+
+
+def preset_names() -> list[str]:
+    files = resources.files(_PRESET_PACKAGE).iterdir()
+    return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
+
+
+def load_node(name_or_path: str) -> NodeSpec:
+    """A preset by name (`dgx-a100`) or a YAML node file by path."""
+    if name_or_path in preset_names():
+        text = resources.files(_PRESET_PACKAGE).joinpath(f"{name_or_path}.yaml").read_text()
+        return parse_node(yaml.safe_load(text), source=f"preset {name_or_path}")
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(
+            f"simulated node '{name_or_path}' is neither a preset ({', '.join(preset_names())}) nor a file"
+        )
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    return parse_node(doc, source=str(path))
+
+
+def parse_node(doc: Any, source: str) -> NodeSpec:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: a node file must be a mapping with a 'gpus' list")
+    _reject_unknown(doc, _NODE_KEYS, source, "")
+    name = str(doc.get("name", Path(source).stem))
+    gpus_doc = doc.get("gpus")
+    if not isinstance(gpus_doc, list):
+        raise ConfigError(f"{source}: gpus must be a list, got {gpus_doc!r}")
+    gpus = tuple(_parse_gpu(name, i, g, source) for i, g in enumerate(gpus_doc))
+    _check_unique([g.uuid for g in gpus], source, "uuid")
+    _check_unique([g.pci_bus_id.lower() for g in gpus], source, "pci_bus_id")
+    _check_unique([str(g.minor) for g in gpus], source, "minor")
+    for gpu in gpus:
+        if gpu.pci_bus_id.lower().startswith(NVSWITCH_PCI_DOMAIN + ":"):
+            raise ConfigError(
+                f"{source}: gpus[{gpu.index}].pci_bus_id uses domain {NVSWITCH_PCI_DOMAIN}, "
+                "kept for NVSwitches"
+            )
+    nvlinks = []
+    for i, link in enumerate(doc.get("nvlinks") or []):
+        ok = isinstance(link, list) and len(link) == 3 and all(isinstance(x, int) for x in link)
+        if not ok or not (0 <= link[0] < len(gpus) and 0 <= link[1] < len(gpus)) or link[0] == link[1]:
+            raise ConfigError(
+                f"{source}: nvlinks[{i}] must be [gpu_a, gpu_b, lanes] of two GPUs, got {link!r}"
+            )
+        nvlinks.append((link[0], link[1], link[2]))
+    return NodeSpec(
+        name=name,
+        driver_version=str(doc.get("driver_version", "550.54.15")),
+        cuda_driver_version=_int(doc.get("cuda_driver_version", 12040), source, "cuda_driver_version"),
+        gpus=gpus,
+        nvswitch_links=_int(doc.get("nvswitch_links", 0), source, "nvswitch_links"),
+        nvlinks=tuple(nvlinks),
+        unprivileged_container=bool(doc.get("unprivileged_container", False)),
+    )
+
+
+def _parse_gpu(node: str, index: int, doc: Any, source: str) -> GpuSpec:
+    where = f"gpus[{index}]"
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: {where} must be a mapping, got {doc!r}")
+    _reject_unknown(doc, _GPU_KEYS, source, where + ".")
+    if "name" not in doc or "memory_mib" not in doc:
+        raise ConfigError(f"{source}: {where} needs at least 'name' and 'memory_mib'")
+    memory_mib = _int(doc["memory_mib"], source, f"{where}.memory_mib")
+    bus_id = str(doc.get("pci_bus_id", f"00000000:{index + 1:02X}:00.0"))
+    if not _BUS_ID.match(bus_id):
+        raise ConfigError(f"{source}: {where}.pci_bus_id must look like 00000000:07:00.0, got {bus_id!r}")
+    gpu_uuid = str(doc.get("uuid") or f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{index}')}")
+    mig_doc = doc.get("mig")
+    mig_capable = bool(doc.get("mig_capable", _MIG_CAPABLE.search(str(doc["name"])) is not None))
+    profiles = mig_doc or []
+    if not isinstance(profiles, list):
+        raise ConfigError(f"{source}: {where}.mig must be a list of MIG profiles, got {mig_doc!r}")
+    if profiles and not mig_capable:
+        raise ConfigError(f"{source}: {where} has MIG devices but mig_capable is false")
+    total_gb = -(-memory_mib // 1024)
+    migs = tuple(
+        _parse_mig(gpu_uuid, j, p, total_gb, source, f"{where}.mig[{j}]")
+        for j, p in enumerate(profiles)
+        if p is not None  # a gap in the MIG index space
+    )
+    return GpuSpec(
+        index=index,
+        name=str(doc["name"]),
+        uuid=gpu_uuid,
+        memory_mib=memory_mib,
+        pci_bus_id=bus_id,
+        numa_node=_int(doc.get("numa_node", -1), source, f"{where}.numa_node"),
+        pcie_switch=None if doc.get("pcie_switch") is None else _int(doc["pcie_switch"], source, where),
+        mig_capable=mig_capable,
+        mig_enabled=mig_doc is not None,
+        mig=migs,
+        events=bool(doc.get("events", True)),
+        minor=_int(doc.get("minor", index), source, f"{where}.minor"),
+        compute_capability=_compute_capability(doc, source, where),
+        pci_class=_pci_class(doc, source, where),
+    )
+
+
+def _compute_capability(doc: dict[str, Any], source: str, where: str) -> tuple[int, int] | None:
+    """`compute_capability: "8.0"` (null: NVML does not say), else derived from the product name."""
+    if "compute_capability" not in doc:
+        name = str(doc["name"])
+        return next((cc for pattern, cc in _COMPUTE_CAPABILITY if pattern.search(name)), None)
+    value = doc["compute_capability"]
+    if value is None:
+        return None
+    match = re.fullmatch(r"(\d+)\.(\d+)", str(value))
+    if match is None:
+        raise ConfigError(f'{source}: {where}.compute_capability must look like "8.0", got {value!r}')
+    return int(match[1]), int(match[2])
+
+
+def _pci_class(doc: dict[str, Any], source: str, where: str) -> str:
+    value = str(doc.get("pci_class", PCI_CLASS_3D)).lower()
+    if value not in _PCI_CLASSES:
+        raise ConfigError(
+            f"{source}: {where}.pci_class must be one of {', '.join(_PCI_CLASSES)}, got {value!r}"
+        )
+    return value
+
+
+def _parse_mig(gpu_uuid: str, j: int, profile: Any, total_gb: int, source: str, where: str) -> MigSpec:
+    match = _PROFILE.match(str(profile))
+    if not match:
+        raise ConfigError(f"{source}: {where} must be a MIG profile like 1g.10gb, got {profile!r}")
+    g = int(match["g"])
+    gb = int(match["gb"])
+    if gb > total_gb or g > 8:
+        raise ConfigError(f"{source}: {where} profile {profile} does not fit a {total_gb} GB GPU")
+    return MigSpec(
+        profile=str(profile),
+        uuid=f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{j}')}",
+        gpu_slices=g,
+        compute_slices=int(match["c"] or g),
+        memory_gb=gb,
+        slot=j,
+        suffix=match["attr"] or "",
+    )
+
+
+def _reject_unknown(doc: dict[str, Any], known: set[str], source: str, prefix: str) -> None:
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown node field {prefix}{unknown[0]} (known: {', '.join(sorted(known))})"
+        )
+
+
+def _int(value: Any, source: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{source}: {where} must be an integer, got {value!r}")
+    return value
+
+
+def _check_unique(values: list[str], source: str, what: str) -> None:
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            raise ConfigError(f"{source}: two GPUs share {what} {v}")
+        seen.add(v)

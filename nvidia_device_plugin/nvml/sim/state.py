@@ -1,0 +1,255 @@
+"""The state and controls of a simulated node's NVML (not pynvml): injected events, lost GPUs, failures.
+
+SimulatedNvml (nvml/sim/simulator.py) is this plus the pynvml functions; the split keeps each file short.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import tempfile
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pynvml
+
+from nvidia_device_plugin.nvml.api import (
+    DeviceHandle,
+    EventSetHandle,
+    PciInfo,
+)
+from nvidia_device_plugin.nvml.host import HostPaths
+from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
+from nvidia_device_plugin.nvml.sim.host import materialize_host, mig_instance_ids
+from nvidia_device_plugin.nvml.sim.node import NVSWITCH_PCI_DOMAIN, GpuSpec, MigSpec, NodeSpec
+
+_GPU_STRIDE = 0x10000
+_MIG_STRIDE = 0x100
+_EVENT_SET_BASE = 0x7F000000
+_GPU_INSTANCE_BASE = 0x40000000  # + GPU index * 0x100 + GPU instance ID
+NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
+
+
+def _nvml_error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+def _address(handle: object) -> int:
+    value = ctypes.cast(cast(Any, handle), ctypes.c_void_p).value
+    if value is None:
+        raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return value
+
+
+@dataclass
+class _EventSet:
+    address: int
+    masks: dict[int, int] = field(default_factory=dict)  # GPU index -> registered event types
+    queue: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
+    woken: bool = False  # interrupt_event_wait was called: the next wait with nothing queued returns
+
+
+class SimulatorState:
+    """What the simulated driver knows beyond the node file, and the controls that change it."""
+
+    def __init__(self, node: NodeSpec, *, lost_fails_event_wait: bool = False) -> None:
+        self.node = node
+        # Real drivers fail nvmlEventSetWait with GPU_IS_LOST while a registered GPU is lost.
+        self.lost_fails_event_wait = lost_fails_event_wait
+        self._persistent: dict[tuple[str, int | None], int] = {}  # (function, GPU index or None) -> code
+        self._ecc_uncorrected: dict[int, int] = {}
+        self._remapped: dict[int, tuple[int, int]] = {}  # GPU index -> (pending, failure)
+        self._recovery_action: dict[int, int] = {}
+        self._lock = threading.RLock()
+        self._events_ready = threading.Condition(self._lock)
+        self._init_count = 0
+        self._lost: set[int] = set()
+        self._failures: dict[str, deque[int]] = {}
+        self._event_sets: dict[int, _EventSet] = {}
+        self._next_event_set = _EVENT_SET_BASE
+        self._host_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._host: HostPaths | None = None
+
+    # ---- simulation controls (not pynvml) ---------------------------------------------------------
+
+    def inject_xid(self, target: int | str, xid: int) -> None:
+        self._inject(target, pynvml.nvmlEventTypeXidCriticalError, xid)
+
+    def inject_ecc_double_bit(self, target: int | str) -> None:
+        self._inject(target, pynvml.nvmlEventTypeDoubleBitEccError, 0)
+
+    def set_lost(self, target: int | str, lost: bool) -> None:
+        gpu, _ = self._resolve_target(target)
+        with self._lock:
+            if lost:
+                self._lost.add(gpu.index)
+            else:
+                self._lost.discard(gpu.index)
+
+    def fail_next(self, function_name: str, code: int, count: int = 1) -> None:
+        if not getattr(getattr(type(self), function_name, None), "pynvml_api", False):
+            raise ValueError(f"{function_name} is not a simulated pynvml function")
+        with self._lock:
+            self._failures.setdefault(function_name, deque()).extend([code] * count)
+
+    def fail_always(self, function_name: str, code: int, gpu: int | None = None) -> None:
+        """Every call of `function_name` (on GPU `gpu`, or on any device) fails with `code` until cleared.
+
+        A call is "on GPU n" when its first argument is a handle of GPU n or of a MIG device on it.
+        """
+        if not getattr(getattr(type(self), function_name, None), "pynvml_api", False):
+            raise ValueError(f"{function_name} is not a simulated pynvml function")
+        with self._lock:
+            self._persistent[(function_name, gpu)] = code
+
+    def clear_failures(self) -> None:
+        with self._lock:
+            self._persistent.clear()
+            self._failures.clear()
+
+    def set_ecc_uncorrected(self, target: int | str, count: int) -> None:
+        """The volatile uncorrected ECC count nvmlDeviceGetTotalEccErrors reports for the GPU."""
+        gpu, _ = self._resolve_target(target)
+        with self._lock:
+            self._ecc_uncorrected[gpu.index] = count
+
+    def set_remapped_rows(self, target: int | str, pending: bool, failure: bool) -> None:
+        gpu, _ = self._resolve_target(target)
+        with self._lock:
+            self._remapped[gpu.index] = (int(pending), int(failure))
+
+    def set_recovery_action(self, target: int | str, action: int) -> None:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION of the GPU (0: none needed)."""
+        gpu, _ = self._resolve_target(target)
+        with self._lock:
+            self._recovery_action[gpu.index] = action
+
+    def interrupt_event_wait(self, eventSet: EventSetHandle) -> None:
+        """Make a wait on `eventSet` with nothing queued return NVML_ERROR_TIMEOUT now (or the next one).
+
+        Not pynvml: real nvmlEventSetWait cannot be interrupted. It lets a monitor stop without waiting
+        out its timeout; see nvml/events.py:interrupt_wait.
+        """
+        with self._events_ready:
+            event_set = self._event_sets.get(_address(eventSet))
+            if event_set is not None:
+                event_set.woken = True
+                self._events_ready.notify_all()
+
+    def materialize_host(self) -> HostPaths:
+        """A throwaway sysfs, procfs and /dev tree for this node (see nvml/sim/host.py); made once."""
+        with self._lock:
+            if self._host is None:
+                self._host_dir = tempfile.TemporaryDirectory(prefix="nvdp-host-")
+                self._host = materialize_host(self.node, Path(self._host_dir.name))
+            return self._host
+
+    def close(self) -> None:
+        with self._lock:
+            if self._host_dir is not None:
+                self._host_dir.cleanup()
+                self._host_dir = None
+                self._host = None
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _maybe_fail(self, name: str, first_arg: object) -> None:
+        pending = self._failures.get(name)
+        if pending:
+            raise _nvml_error(pending.popleft())
+        if not self._persistent:
+            return
+        code = self._persistent.get((name, None))
+        if code is None and name == "nvmlDeviceGetHandleByIndex" and isinstance(first_arg, int):
+            code = self._persistent.get((name, first_arg))
+        if code is None and isinstance(first_arg, pynvml.c_nvmlDevice_t):
+            address = ctypes.cast(first_arg, ctypes.c_void_p).value or 0
+            code = self._persistent.get((name, address // _GPU_STRIDE - 1))
+        if code is not None:
+            raise _nvml_error(code)
+
+    @staticmethod
+    def _profile_info_id(mig: MigSpec) -> int:
+        # Real drivers give profile infos IDs of their own; an offset keeps tests from confusing the two.
+        return profile_id_for(mig.gpu_slices, mig.suffix) + 100
+
+    def _check_not_lost(self, index: int) -> None:
+        if index in self._lost:
+            raise _nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    @staticmethod
+    def _handle(address: int) -> DeviceHandle:
+        return DeviceHandle(ctypes.cast(address, pynvml.c_nvmlDevice_t))
+
+    def _device(self, handle: DeviceHandle) -> tuple[GpuSpec, MigSpec | None]:
+        address = _address(handle)
+        gpu_index = address // _GPU_STRIDE - 1
+        mig_index = (address % _GPU_STRIDE) // _MIG_STRIDE - 1
+        if not 0 <= gpu_index < len(self.node.gpus):
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.node.gpus[gpu_index]
+        with self._lock:
+            self._check_not_lost(gpu_index)
+        if mig_index < 0:
+            return gpu, None
+        mig = next((m for m in gpu.mig if m.slot == mig_index), None)
+        if mig is None:
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu, mig
+
+    def _event_set(self, handle: EventSetHandle) -> _EventSet:
+        event_set = self._event_sets.get(_address(handle))
+        if event_set is None:
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return event_set
+
+    def _resolve_target(self, target: int | str) -> tuple[GpuSpec, MigSpec | None]:
+        for gpu in self.node.gpus:
+            if target in (gpu.index, gpu.uuid, str(gpu.index)):
+                return gpu, None
+            for mig in gpu.mig:
+                if target == mig.uuid:
+                    return gpu, mig
+        raise ValueError(f"no simulated GPU or MIG device {target!r} on node {self.node.name}")
+
+    def _inject(self, target: int | str, event_type: int, data: int) -> None:
+        gpu, mig = self._resolve_target(target)
+        gi, ci = mig_instance_ids(gpu, mig) if mig else (NOT_ATTRIBUTED, NOT_ATTRIBUTED)
+        with self._events_ready:
+            for event_set in self._event_sets.values():
+                if event_set.masks.get(gpu.index, 0) & event_type:
+                    event_set.queue.append((gpu.index, event_type, data, gi, ci))
+            self._events_ready.notify_all()
+
+    @staticmethod
+    def _mig_memory_mb(gpu: GpuSpec, mig: MigSpec) -> int:
+        # Slightly below the nominal share, as real MIG slices are; the profile name rounds it back up.
+        total_gb = -(-gpu.memory_mib // 1024)
+        return int(mig.memory_gb / total_gb * gpu.memory_mib * 0.97)
+
+    def _link_targets(self, gpu: GpuSpec) -> list[tuple[int, str]]:
+        """Per NVLink of `gpu`: (remote device type, remote PCI bus ID)."""
+        targets: list[tuple[int, str]] = []
+        for a, b, lanes in self.node.nvlinks:
+            if gpu.index in (a, b):
+                peer = self.node.gpus[b if gpu.index == a else a]
+                targets += [(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU, peer.pci_bus_id)] * lanes
+        for k in range(self.node.nvswitch_links):
+            # Six NVSwitches, as on DGX A100/H100, in a PCI domain no GPU may use (node.py checks).
+            switch_bus = f"{NVSWITCH_PCI_DOMAIN.upper()}:{k % 6:02X}:00.0"
+            targets.append((pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, switch_bus))
+        return targets
+
+    @staticmethod
+    def _pci_info(bus_id: str) -> PciInfo:
+        info: Any = pynvml.nvmlPciInfo_t()  # sets fields PciInfo does not name
+        domain, bus, rest = bus_id.split(":")
+        info.busId = bus_id.encode()
+        info.busIdLegacy = bus_id[4:].encode()
+        info.domain = int(domain, 16)
+        info.bus = int(bus, 16)
+        info.device = int(rest.split(".")[0], 16)
+        pci: PciInfo = info
+        return pci

@@ -1,0 +1,1 @@
+"""What one advertised resource answers kubelet: its backend, Allocate as named steps, preferences."""

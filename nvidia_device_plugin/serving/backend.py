@@ -1,0 +1,95 @@
+"""Serving one ResourcePlan through the framework: health-aware device lists, Allocate and preferences.
+
+An MPS plan is also gated on its GPUs' control daemons (`mps_gate`, sharing/readiness.py): a replica is
+Healthy only while its GPU is healthy AND its MPS daemon is ready, and Allocate refuses the others. That
+gate is kept apart from the health registry on purpose: readiness comes and goes with a daemon in another
+pod, while the registry's faults are the GPU's own (first reason wins, recovery by grace period).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.errors import AllocationError
+from nvidia_device_plugin.health.registry import HealthRegistry
+from nvidia_device_plugin.plugin.server import DeviceState
+from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
+from nvidia_device_plugin.serving.preferred import preferred_allocation
+
+
+class MpsGate(Protocol):
+    def not_ready_reason(self, resource: str, gpu_uuid: str) -> str | None: ...
+
+
+class GpuResourceBackend:
+    """ResourceBackend for one advertised NVIDIA resource."""
+
+    def __init__(
+        self,
+        plan: ResourcePlan,
+        inventory: Inventory,
+        settings: AllocationSettings,
+        registry: HealthRegistry,
+        mps_gate: MpsGate | None = None,
+    ) -> None:
+        self.plan = plan
+        self.inventory = inventory
+        self.settings = settings
+        self.registry = registry
+        self._index = AllocationIndex(plan, inventory)
+        self._mps_gate = mps_gate
+
+    def devices(self) -> Sequence[DeviceState]:
+        healthy = self.registry.is_healthy
+        gate = self._mps_gate
+        if gate is None:
+            return [DeviceState(d.id, healthy(d), d.numa_node) for d in self.plan.devices]
+        name = self.plan.name
+        ready = {
+            u: gate.not_ready_reason(name, u) is None for u in {d.physical_uuid for d in self.plan.devices}
+        }
+        return [
+            DeviceState(d.id, healthy(d) and ready[d.physical_uuid], d.numa_node) for d in self.plan.devices
+        ]
+
+    def allocate(self, requests: Sequence[Sequence[str]]) -> pb.AllocateResponse:
+        if self._mps_gate is not None:
+            self._check_mps_ready(requests)
+        return allocate(
+            self.plan,
+            requests,
+            self.settings,
+            unhealthy=self.registry,  # asked per requested device; no copy of the unhealthy map
+            inventory=self.inventory,
+            index=self._index,
+        )
+
+    def preferred_allocation(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        return preferred_allocation(
+            self.plan,
+            self.inventory,
+            available,
+            must_include,
+            size,
+            policy=self.settings.shared_devices_allocation_policy,
+        )
+
+    def _check_mps_ready(self, requests: Sequence[Sequence[str]]) -> None:
+        assert self._mps_gate is not None
+        for i, ids in enumerate(requests):
+            for device_id in ids:
+                dev = self._index.device(device_id)
+                if dev is None or dev.replica is None:
+                    continue  # unknown IDs and unshared GPUs: allocate() answers those
+                reason = self._mps_gate.not_ready_reason(self.plan.name, dev.physical_uuid)
+                if reason is not None:
+                    raise AllocationError(
+                        f"container_requests[{i}]: device '{device_id}' cannot be allocated: the MPS control "
+                        f"daemon of GPU {dev.gpu_index} ({dev.physical_uuid}) is not ready: {reason}"
+                    )

@@ -1,0 +1,156 @@
+"""The daemon under cdi-cri / cdi-annotations, driven over the kubelet stand-in: every CDI name an Allocate
+returns is defined by a spec the daemon wrote (read back from the spec directory, checked against the CDI
+schema); reloads rewrite the specs; a node whose specs cannot be made serves nothing, and says why."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from test_cdi_spec import assert_valid_spec, cdi_config
+
+from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.cdi.model import CDI_VENDOR
+from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+
+from support.daemon_support import GPU, start_daemon
+
+GPU_SPEC = f"{CDI_VENDOR}-gpu.json"
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        daemon.stop()
+
+
+def spec_dir(daemon: Daemon) -> Path:
+    assert daemon.snapshot is not None and daemon.snapshot.cdi is not None
+    return Path(daemon.snapshot.cdi.spec_dir)
+
+
+def defined_names(directory: Path) -> set[str]:
+    """Every CDI device name the spec files in `directory` define, each file checked against the schema."""
+    names: set[str] = set()
+    for name in os.listdir(directory):
+        document = json.loads((directory / name).read_text())
+        assert_valid_spec(document)
+        names |= {f"{document['kind']}={d['name']}" for d in document["devices"]}
+    return names
+
+
+def returned_names(response: pb.ContainerAllocateResponse) -> list[str]:
+    names = [d.name for d in response.cdi_devices]
+    for key, value in response.annotations.items():
+        if key.startswith("cdi.k8s.io/"):
+            names += value.split(",")
+    return names
+
+
+def allocate_each(kubelet: KubeletStandIn, resource: str) -> list[str]:
+    names = []
+    for device_id in sorted(kubelet.devices(resource)):
+        names += returned_names(kubelet.allocate(resource, [[device_id]]).container_responses[0])
+    return names
+
+
+def test_every_name_allocate_returns_for_gpus_and_replicas_is_defined(
+    plugin_dir: Path, kubelet: KubeletStandIn, daemons: list[Daemon]
+) -> None:
+    config = cdi_config("cdi-cri", "cdi-annotations", replicas=4)
+    daemons.append(start_daemon(plugin_dir, "dgx-a100", lambda: config))
+    assert kubelet.wait_for_resources([GPU])
+    names = allocate_each(kubelet, GPU)
+    assert len(names) == 2 * 32  # each replica, once as a CRI CDI device and once in the annotation
+    assert set(names) <= defined_names(spec_dir(daemons[0]))
+    assert os.listdir(spec_dir(daemons[0])) == [GPU_SPEC]
+
+
+def test_every_name_allocate_returns_for_mig_devices_by_index_is_defined(
+    plugin_dir: Path, kubelet: KubeletStandIn, daemons: list[Daemon]
+) -> None:
+    config = cdi_config("cdi-cri", ids="index", mig="mixed")
+    daemon = start_daemon(plugin_dir, "a100-mig-mixed", lambda: config)
+    daemons.append(daemon)
+    assert daemon.snapshot is not None
+    resources = [p.name for p in daemon.snapshot.plans]
+    assert kubelet.wait_for_resources(resources)
+    names = [name for resource in resources for name in allocate_each(kubelet, resource)]
+    assert f"{CDI_VENDOR}/gpu=0:0" in names and f"{CDI_VENDOR}/gpu=3" in names
+    assert set(names) <= defined_names(spec_dir(daemon))
+
+
+def test_a_reload_changing_the_mig_layout_and_id_strategy_rewrites_the_specs(
+    plugin_dir: Path, kubelet: KubeletStandIn, daemons: list[Daemon]
+) -> None:
+    configs = [cdi_config("cdi-cri")]
+    daemon = start_daemon(plugin_dir, "a100-mig-mixed", lambda: configs[-1])
+    daemons.append(daemon)
+    directory = spec_dir(daemon)
+    before = defined_names(directory)
+    (directory / f"{CDI_VENDOR}-mig.json").write_text("{}")  # a stale spec of ours
+    assert daemon.snapshot is not None
+    gpu_uuids = {g.uuid for g in daemon.snapshot.inventory.gpus}
+    assert before == {f"{CDI_VENDOR}/gpu={u}" for u in gpu_uuids | {"all"}}
+
+    configs.append(cdi_config("cdi-cri", ids="index", mig="mixed"))
+    assert daemon.reload("test")
+    after = defined_names(directory)
+    assert os.listdir(directory) == [GPU_SPEC]
+    assert not before & after - {f"{CDI_VENDOR}/gpu=all"}  # no name of the old layout is left
+    assert daemon.snapshot is not None
+    resources = [p.name for p in daemon.snapshot.plans]
+    assert kubelet.wait_for_resources(resources)
+    assert set(name for r in resources for name in allocate_each(kubelet, r)) <= after
+
+    configs.append(Config())  # no CDI strategy: our specs are not needed any more
+    assert daemon.reload("test")
+    assert os.listdir(directory) == []
+
+
+def _session_without_driver_root(hide: Callable[[Path], None]) -> NvmlSession:
+    session = open_nvml("t4-single")
+    assert session.host.driver_root is not None
+    hide(session.host.driver_root)
+    return session
+
+
+def test_a_missing_driver_root_refuses_the_cdi_resource_with_the_reason(
+    plugin_dir: Path, kubelet: KubeletStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    moved: list[Path] = []
+
+    def hide(root: Path) -> None:
+        moved.append(root.rename(root.with_name("elsewhere")))
+
+    session = _session_without_driver_root(hide)
+    daemon = Daemon(DaemonOptions(plugin_dir, lambda: cdi_config("cdi-cri"), lambda: session))
+    with caplog.at_level(logging.ERROR, logger="nvidia_device_plugin"):
+        daemon.start()
+    try:
+        assert daemon.manager.served() == set()
+        readiness = daemon.readiness()
+        assert readiness is not None and "does not exist" in readiness and "driver root" in readiness
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any("cannot generate the CDI spec" in e and "serving no resources" in e for e in errors)
+        directory = spec_dir(daemon)
+        assert not directory.exists() or os.listdir(directory) == []
+
+        assert session.host.driver_root is not None
+        moved[0].rename(session.host.driver_root)  # the driver root is mounted after all
+        assert daemon.reload("test")
+        assert kubelet.wait_for_resources([GPU])
+        assert daemon.readiness() is None or "waiting for kubelet" in (daemon.readiness() or "")
+        names = allocate_each(kubelet, GPU)
+        assert names and set(names) <= defined_names(spec_dir(daemon))
+    finally:
+        daemon.stop()

@@ -1,0 +1,178 @@
+"""The generic device-plugin framework against the kubelet stand-in, over real unix sockets."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.errors import AllocationError
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
+from nvidia_device_plugin.plugin.server import DeviceState
+
+
+class FakeBackend:
+    def __init__(self, ids: Sequence[str], numa: int | None = 0) -> None:
+        self.states = [DeviceState(i, True, numa) for i in ids]
+
+    def devices(self) -> Sequence[DeviceState]:
+        return list(self.states)
+
+    def allocate(self, requests: Sequence[Sequence[str]]) -> pb.AllocateResponse:
+        known = {s.id for s in self.states}
+        response = pb.AllocateResponse()
+        for ids in requests:
+            for i in ids:
+                if i not in known:
+                    raise AllocationError(f"unknown device ID {i!r}")
+            response.container_responses.add(envs={"DEVICES": ",".join(ids)})
+        return response
+
+    def preferred_allocation(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        rest = [a for a in sorted(available) if a not in must_include]
+        return list(must_include) + rest[: size - len(must_include)]
+
+
+def serve(manager: PluginManager, backends: dict[str, FakeBackend]) -> None:
+    manager.apply(
+        {
+            name: ResourceSpec(name, f"fake-{i}.sock", b)
+            for i, (name, b) in enumerate(sorted(backends.items()))
+        }
+    )
+
+
+def test_registers_each_resource_with_its_own_socket(kubelet: KubeletStandIn, manager: PluginManager) -> None:
+    serve(manager, {"example.com/a": FakeBackend(["a0", "a1"]), "example.com/b": FakeBackend(["b0"])})
+    assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
+    by_resource = {r.resource_name: r for r in kubelet.registrations}
+    assert by_resource["example.com/a"].version == "v1beta1"
+    assert by_resource["example.com/a"].endpoint == "fake-0.sock"
+    assert by_resource["example.com/b"].endpoint == "fake-1.sock"
+    assert by_resource["example.com/a"].options.get_preferred_allocation_available
+    assert manager.all_registered() or kubelet.wait_for(manager.all_registered)
+
+
+def test_list_and_watch_sends_devices_with_numa_and_pushes_changes(
+    kubelet: KubeletStandIn, manager: PluginManager
+) -> None:
+    backend = FakeBackend(["d0", "d1"], numa=1)
+    serve(manager, {"example.com/d": backend})
+    assert kubelet.wait_for_resources(["example.com/d"])
+    devices = kubelet.devices("example.com/d")
+    assert sorted(devices) == ["d0", "d1"]
+    assert devices["d0"].health == "Healthy"
+    assert [n.ID for n in devices["d0"].topology.nodes] == [1]
+
+    backend.states[1] = DeviceState("d1", False, 1)
+    manager.notify("example.com/d")
+    assert kubelet.wait_for(lambda: kubelet.devices("example.com/d")["d1"].health == "Unhealthy")
+
+
+def test_device_without_numa_has_no_topology(kubelet: KubeletStandIn, manager: PluginManager) -> None:
+    serve(manager, {"example.com/n": FakeBackend(["x"], numa=None)})
+    assert kubelet.wait_for_resources(["example.com/n"])
+    assert not kubelet.devices("example.com/n")["x"].HasField("topology")
+
+
+def test_allocate_errors_are_invalid_argument_and_server_keeps_serving(
+    kubelet: KubeletStandIn, manager: PluginManager
+) -> None:
+    serve(manager, {"example.com/d": FakeBackend(["d0"])})
+    assert kubelet.wait_for_resources(["example.com/d"])
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.allocate("example.com/d", [["nope"]])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "nope" in err.value.details()
+    response = kubelet.allocate("example.com/d", [["d0"]])
+    assert response.container_responses[0].envs["DEVICES"] == "d0"
+
+
+def test_rejected_registration_is_retried_and_logged_once(
+    plugin_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    attempts: list[str] = []
+
+    def reject(request: pb.RegisterRequest) -> str | None:
+        attempts.append(request.resource_name)
+        return "resource name already taken" if len(attempts) < 4 else None
+
+    with KubeletStandIn(plugin_dir, reject=reject) as kubelet:
+        manager = PluginManager(plugin_dir)
+        manager.start()
+        try:
+            serve(manager, {"example.com/r": FakeBackend(["r0"])})
+            assert kubelet.wait_for_resources(["example.com/r"])
+            assert manager.all_registered() or kubelet.wait_for(manager.all_registered)
+        finally:
+            manager.stop()
+    failures = [
+        r for r in caplog.records if "registering example.com/r with kubelet failed" in r.getMessage()
+    ]
+    assert len(attempts) >= 4
+    assert len(failures) == 1
+    assert "resource name already taken" in failures[0].getMessage()
+
+
+def test_starts_before_kubelet_and_registers_when_it_appears(plugin_dir: Path) -> None:
+    manager = PluginManager(plugin_dir)
+    manager.start()
+    try:
+        serve(manager, {"example.com/late": FakeBackend(["l0"])})
+        assert not manager.all_registered()
+        with KubeletStandIn(plugin_dir) as kubelet:
+            assert kubelet.wait_for_resources(["example.com/late"])
+    finally:
+        manager.stop()
+
+
+def test_kubelet_restarts_twenty_times_without_leaks(kubelet: KubeletStandIn, manager: PluginManager) -> None:
+    serve(manager, {"example.com/a": FakeBackend(["a0"]), "example.com/b": FakeBackend(["b0"])})
+    assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
+    kubelet.restart()
+    assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
+    threads_before = threading.active_count()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        kubelet.restart()
+        assert kubelet.wait_for_resources(["example.com/a", "example.com/b"], timeout=5)
+        assert kubelet.allocate("example.com/a", [["a0"]]).container_responses[0].envs["DEVICES"] == "a0"
+    assert kubelet.wait_for(manager.all_registered)
+    # Allow the short-lived stream threads of the last restart to wind down; growth would be per restart.
+    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=5)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 8
+
+
+def test_vanished_resource_stops_and_removes_its_socket(
+    kubelet: KubeletStandIn, manager: PluginManager, plugin_dir: Path
+) -> None:
+    serve(manager, {"example.com/a": FakeBackend(["a0"]), "example.com/b": FakeBackend(["b0"])})
+    assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
+    manager.apply({"example.com/a": ResourceSpec("example.com/a", "fake-0.sock", FakeBackend(["a0", "a1"]))})
+    assert not (plugin_dir / "fake-1.sock").exists()
+    assert manager.served() == {"example.com/a"}
+    assert kubelet.wait_for(lambda: sorted(kubelet.devices("example.com/a")) == ["a0", "a1"])
+
+
+def test_stop_removes_sockets_and_threads(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    baseline = {t.name for t in threading.enumerate()}
+    manager = PluginManager(plugin_dir)
+    manager.start()
+    serve(manager, {"example.com/a": FakeBackend(["a0"])})
+    assert kubelet.wait_for_resources(["example.com/a"])
+    manager.stop()
+    assert not (plugin_dir / "fake-0.sock").exists()
+
+    def ours_left() -> set[str]:
+        # The stand-in's own threads (kubelet-*) are not the plugin's to clean up.
+        return {t.name for t in threading.enumerate() if not t.name.startswith("kubelet-")} - baseline
+
+    assert kubelet.wait_for(lambda: not ours_left(), timeout=5), ours_left()

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: fakes at the boundaries, node builders, waiting."""
