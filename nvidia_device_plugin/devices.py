@@ -38,6 +38,11 @@ class MigDevice:
     # NVML would not say.
     attributes: MigAttributes | None = None
 
+    @property
+    def label(self) -> str:
+        """How messages name this MIG device: "MIG device 3:1 (MIG-...)" (parent index : MIG index)."""
+        return f"MIG device {self.parent_index}:{self.index} ({self.uuid})"
+
 
 @dataclass(frozen=True)
 class MigAttributes:
@@ -73,6 +78,11 @@ class Gpu:
     pci_class: str | None = None  # sysfs PCI class, "0x030200" (3D controller) or "0x030000" (VGA)
     mig_capable: bool = False  # nvmlDeviceGetMigMode answered (MIG can be enabled on it)
     nvswitch_links: int = 0  # NVLinks from this GPU to NVSwitches
+
+    @property
+    def label(self) -> str:
+        """How messages name this GPU: "GPU 3 (GPU-...)"."""
+        return f"GPU {self.index} ({self.uuid})"
 
 
 @dataclass(frozen=True)
@@ -131,13 +141,22 @@ class Inventory:
     def mig_device(self, uuid: str) -> MigDevice | None:
         return self._migs.get(uuid)
 
+    def gpu_of(self, uuid: str) -> Gpu | None:
+        """The GPU `uuid` is, or the GPU the MIG device `uuid` is carved from; None when unknown."""
+        gpu = self._by_uuid.get(uuid)
+        if gpu is None and (mig := self._migs.get(uuid)) is not None:
+            gpu = self._by_uuid.get(mig.parent_uuid)
+        return gpu
+
+    @property
+    def cuda_version(self) -> tuple[int, int] | None:
+        """The CUDA version the driver supports, (12, 4), from NVML's encoding (12040); None when unknown."""
+        if self.cuda_driver_version <= 0:
+            return None
+        return self.cuda_driver_version // 1000, self.cuda_driver_version % 1000 // 10
+
 
 def describe(inventory: Inventory, uuid: str) -> str:
     """How log lines name a physical device: "GPU 3 (GPU-...)", "MIG device 0:1 (MIG-...)"."""
-    gpu = inventory.gpu(uuid)
-    if gpu is not None:
-        return f"GPU {gpu.index} ({uuid})"
-    mig = inventory.mig_device(uuid)
-    if mig is not None:
-        return f"MIG device {mig.parent_index}:{mig.index} ({uuid})"
-    return f"device {uuid}"
+    known: Gpu | MigDevice | None = inventory.gpu(uuid) or inventory.mig_device(uuid)
+    return known.label if known is not None else f"device {uuid}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 
 LOG_FORMATS = ("text", "json")
@@ -74,3 +75,33 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     # grpc and watchdog are chatty at debug level and say nothing an operator needs.
     for noisy in ("watchdog", "grpc"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
+
+
+class FailureLog:
+    """Failures of retried work, by what failed: each logged once per distinct reason, and kept for health.
+
+    The one "log once per reason" of the project: a thread that retries (registration, a file watch, a
+    writer, a discovery problem seen on every reload) reports each failure here under a key naming what
+    failed; the same message again is not logged again, a different one is, and `clear` marks recovery.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._lock = threading.Lock()
+        self._reasons: dict[str, str] = {}
+
+    def report(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        with self._lock:
+            if self._reasons.get(key) == message:
+                return
+            self._reasons[key] = message
+        self._log.log(level, "%s", message)
+
+    def clear(self, key: str) -> bool:
+        """Forget `key`'s failure; True when there was one (the caller logs the recovery)."""
+        with self._lock:
+            return self._reasons.pop(key, None) is not None
+
+    def reason(self, key: str) -> str | None:
+        with self._lock:
+            return self._reasons.get(key)

@@ -25,9 +25,9 @@ from watchdog.observers.api import BaseObserver
 
 from nvidia_device_plugin.events import NO_EVENTS, Events
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
+from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.plugin.registration import (
     REGISTER_TIMEOUT_SECONDS,
-    FailureLog,
     RegistrationError,
     register,
 )

@@ -1,8 +1,7 @@
-"""The Register call to kubelet, and reporting of retried failures once per distinct reason."""
+"""The Register call to kubelet."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from pathlib import Path
 
@@ -54,28 +53,3 @@ def register(
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
             raise RegistrationError(f"{code.name if code else 'error'}: {details}") from exc
-
-
-class FailureLog:
-    """Failures of retried work, by what failed: each logged once per distinct reason, and kept for health."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self._log = logger
-        self._lock = threading.Lock()
-        self._reasons: dict[str, str] = {}
-
-    def report(self, key: str, message: str, level: int = logging.WARNING) -> None:
-        with self._lock:
-            if self._reasons.get(key) == message:
-                return
-            self._reasons[key] = message
-        self._log.log(level, "%s", message)
-
-    def clear(self, key: str) -> bool:
-        """Forget `key`'s failure; True when there was one (the caller logs the recovery)."""
-        with self._lock:
-            return self._reasons.pop(key, None) is not None
-
-    def reason(self, key: str) -> str | None:
-        with self._lock:
-            return self._reasons.get(key)
