@@ -105,6 +105,13 @@ class AdvertisedDevice:
             return str(self.gpu_index)
         return f"{self.gpu_index}:{self.mig_index}"
 
+    @property
+    def label(self) -> str:
+        """How messages name the physical device behind this ID: "GPU 3 (GPU-...)", "MIG device 3:1 (MIG-...)"."""
+        if self.mig_index is None:
+            return f"GPU {self.gpu_index} ({self.gpu_uuid})"
+        return f"MIG device {self.index_id} ({self.physical_uuid})"
+
 
 @dataclass(frozen=True)
 class ResourcePlan:
