@@ -107,7 +107,7 @@ class AdvertisedDevice:
 
     @property
     def label(self) -> str:
-        """How messages name the physical device behind this ID: "GPU 3 (GPU-...)", "MIG device 3:1 (MIG-...)"."""
+        """How messages name the device behind this ID: "GPU 3 (GPU-...)", "MIG device 3:1 (MIG-...)"."""
         if self.mig_index is None:
             return f"GPU {self.gpu_index} ({self.gpu_uuid})"
         return f"MIG device {self.index_id} ({self.physical_uuid})"
