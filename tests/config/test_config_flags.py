@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.config.flags import (
-    CONFIG_OPTIONS,
     add_config_arguments,
     apply_health_env,
     config_source,
@@ -19,6 +18,7 @@ from nvidia_device_plugin.config.flags import (
     resolve_config,
 )
 from nvidia_device_plugin.config.loader import Override, parse_config_text
+from nvidia_device_plugin.config.options import CONFIG_OPTIONS
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health
 from nvidia_device_plugin.errors import ConfigError
