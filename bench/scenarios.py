@@ -41,7 +41,7 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resources import build_resources
+from nvidia_device_plugin.resource_plans import build_resources
 from nvidia_device_plugin.snapshot import build_snapshot
 
 GPU = "nvidia.com/gpu"

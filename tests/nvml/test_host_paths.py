@@ -8,7 +8,7 @@ from nvidia_device_plugin.config.v1 import Config, Flags
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.host import REAL_HOST
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.resources import build_resources
+from nvidia_device_plugin.resource_plans import build_resources
 from nvidia_device_plugin.serving.allocate import AllocationSettings, allocate
 
 
