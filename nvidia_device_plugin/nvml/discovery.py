@@ -15,15 +15,17 @@ import pynvml
 
 from nvidia_device_plugin.devices import Gpu, GpuLink, Inventory, PcieLevel
 from nvidia_device_plugin.nvml.api import DeviceHandle, NvmlApi
-from nvidia_device_plugin.nvml.errors import nvml_call, nvml_error
+from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code, nvml_call, nvml_error
 from nvidia_device_plugin.nvml.mig_discovery import read_mig_devices
 from nvidia_device_plugin.nvml.mig_profiles import CapsMinors, mig_profile_name, read_mig_minors
-from nvidia_device_plugin.nvml.reader import GpuLost, Reader, error_code
+from nvidia_device_plugin.nvml.reader import GpuLost, Reader, raise_if_lost
 
 __all__ = ["discover", "mig_profile_name", "read_numa_node"]
 
 
-_NOT_SUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED})
+_NOT_SUPPORTED = frozenset({NvmlErrorKind.NOT_SUPPORTED})
+# What a GPU without the feature (MIG mode before Ampere) or the link (an NVLink it lacks) answers.
+_ABSENT = frozenset({NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.INVALID_ARGUMENT})
 # Display adapters of DGX Stations: NVML lists them, they run no CUDA work (NVIDIA's plugin skips them).
 DISPLAY_GPU_NAMES = frozenset({"DGX Display", "NVIDIA DGX Display"})
 
@@ -120,8 +122,7 @@ def _gpu(
         try:
             minor = nv.nvmlDeviceGetMinorNumber(handle)
         except pynvml.NVMLError as exc:
-            if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost("nvmlDeviceGetMinorNumber") from exc
+            raise_if_lost(exc, "nvmlDeviceGetMinorNumber")
             reader.note(
                 index,
                 "nvmlDeviceGetMinorNumber",
@@ -190,15 +191,13 @@ def _mig_enabled(reader: Reader, handle: DeviceHandle, index: int) -> tuple[bool
     try:
         current, _pending = reader.nv.nvmlDeviceGetMigMode(handle)
     except pynvml.NVMLError as exc:
-        code = error_code(exc)
-        if code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+        if classify(exc) in _ABSENT:
             return False, False  # pre-Ampere GPUs have no MIG
-        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost("nvmlDeviceGetMigMode") from exc
+        raise_if_lost(exc, "nvmlDeviceGetMigMode")
         reader.note(
             index,
             "nvmlDeviceGetMigMode",
-            code,
+            error_code(exc),
             f"{nvml_error(exc, f'reading MIG mode of GPU {index}')}; not advertised",
         )
         return None
@@ -273,8 +272,7 @@ def _numa_node(nv: NvmlApi, handle: DeviceHandle, bus_id: str, sysfs_root: Path)
     try:  # no sysfs entry (a container without /sys/bus/pci): ask the driver, where it can say
         node = int(nv.nvmlDeviceGetNumaNodeId(handle))
     except pynvml.NVMLError as exc:
-        if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost("nvmlDeviceGetNumaNodeId") from exc
+        raise_if_lost(exc, "nvmlDeviceGetNumaNodeId")
         return None
     return node if node >= 0 else None
 
@@ -326,20 +324,19 @@ def _common_ancestor(
     try:
         return _pcie_level(reader.nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
     except pynvml.NVMLError as exc:
-        code = error_code(exc)
-        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        if classify(exc) is NvmlErrorKind.GPU_LOST:
             for gpu, handle in ((a, ha), (b, hb)):  # which of the two is lost: ask each on its own
                 try:
                     reader.nv.nvmlDeviceGetTopologyCommonAncestor(handle, handle)
                 except pynvml.NVMLError as inner:
-                    if error_code(inner) == pynvml.NVML_ERROR_GPU_IS_LOST and gpu.index not in lost:
+                    if classify(inner) is NvmlErrorKind.GPU_LOST and gpu.index not in lost:
                         lost.add(gpu.index)
                         _note_lost(reader, gpu, "nvmlDeviceGetTopologyCommonAncestor")
         else:
             reader.note(
                 None,
                 "nvmlDeviceGetTopologyCommonAncestor",
-                code,
+                error_code(exc),
                 f"{nvml_error(exc, f'reading PCIe topology of GPUs {a.index} and {b.index}')}; "
                 "GPUs whose topology is unknown are taken as across NUMA nodes",
             )
@@ -380,14 +377,12 @@ def _nvlinks(
             remote_bus = _decode(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).lower()
             remote_type = _remote_type(nv, handle, link, remote_bus, by_bus)
         except pynvml.NVMLError as exc:
-            code = error_code(exc)
-            if code == pynvml.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost("nvmlDeviceGetNvLinkState") from exc
-            if code not in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+            raise_if_lost(exc, "nvmlDeviceGetNvLinkState")
+            if classify(exc) not in _ABSENT:
                 reader.note(
                     index,
                     "nvmlDeviceGetNvLinkState",
-                    code,
+                    error_code(exc),
                     f"{nvml_error(exc, f'reading NVLink {link} of GPU {index}')}; that link is left out",
                 )
             continue
@@ -405,9 +400,7 @@ def _remote_type(
         return int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
     except pynvml.NVMLError as exc:
         # Older drivers lack the call: a remote that is one of our GPUs is a GPU, anything else a switch.
-        if exc.value != pynvml.NVML_ERROR_NOT_SUPPORTED and not isinstance(
-            exc, pynvml.NVMLError_FunctionNotFound
-        ):
+        if classify(exc) not in (NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.CALL_MISSING):
             raise
         return int(
             pynvml.NVML_NVLINK_DEVICE_TYPE_GPU

@@ -13,16 +13,16 @@ import pynvml
 
 from nvidia_device_plugin.devices import Gpu, MigAttributes, MigDevice
 from nvidia_device_plugin.nvml.api import DeviceHandle
-from nvidia_device_plugin.nvml.errors import nvml_error
+from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code, nvml_error
 from nvidia_device_plugin.nvml.mig_profiles import (
     GPU_INSTANCE_PROFILES,
     CapsMinors,
     mig_profile_name,
     resolve_caps_minors,
 )
-from nvidia_device_plugin.nvml.reader import NO_PERMISSION_MIG, GpuLost, Reader, error_code
+from nvidia_device_plugin.nvml.reader import NO_PERMISSION_MIG, Reader, raise_if_lost
 
-_EMPTY_SLOT = frozenset({pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT})
+_EMPTY_SLOT = frozenset({NvmlErrorKind.NOT_FOUND, NvmlErrorKind.INVALID_ARGUMENT})
 
 
 def read_mig_devices(
@@ -43,13 +43,11 @@ def read_mig_devices(
         try:
             mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
         except pynvml.NVMLError as exc:
-            code = error_code(exc)
-            if code in _EMPTY_SLOT:
+            if classify(exc) in _EMPTY_SLOT:
                 continue
-            if code == pynvml.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost("nvmlDeviceGetMigDeviceHandleByIndex") from exc
+            raise_if_lost(exc, "nvmlDeviceGetMigDeviceHandleByIndex")
             _mig_problem(reader, index, "nvmlDeviceGetMigDeviceHandleByIndex", exc, what)
-            if code == pynvml.NVML_ERROR_NO_PERMISSION:
+            if classify(exc) is NvmlErrorKind.NO_PERMISSION:
                 break  # every slot will say the same
             continue
         device = _mig_device(reader, handle, mig, gpu, j, proc_root, caps)
@@ -76,8 +74,7 @@ def _mig_device(
         gi = int(nv.nvmlDeviceGetGpuInstanceId(mig))
         ci = int(nv.nvmlDeviceGetComputeInstanceId(mig))
     except pynvml.NVMLError as exc:
-        if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost("reading a MIG device") from exc
+        raise_if_lost(exc, "reading a MIG device")
         _mig_problem(reader, gpu.index, "reading a MIG device", exc, what)
         return None
     profile_id, profile_memory_mb = _gpu_instance_profile(reader, parent, gpu.index, gi)
@@ -128,8 +125,7 @@ def _gpu_instance_profile(
         instance = nv.nvmlDeviceGetGpuInstanceById(parent, gi)
         wanted = int(nv.nvmlGpuInstanceGetInfo(instance).profileId)
     except pynvml.NVMLError as exc:
-        if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost("nvmlDeviceGetGpuInstanceById") from exc
+        raise_if_lost(exc, "nvmlDeviceGetGpuInstanceById")
         reader.note(
             index,
             "nvmlDeviceGetGpuInstanceById",
@@ -152,17 +148,15 @@ def _mig_call(reader: Reader, index: int, call: str, what: str, fn: object) -> i
     try:
         return int(fn())  # type: ignore[operator]
     except pynvml.NVMLError as exc:
-        code = error_code(exc)
-        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost(call) from exc
-        if code != pynvml.NVML_ERROR_NOT_SUPPORTED:
+        raise_if_lost(exc, call)
+        if classify(exc) is not NvmlErrorKind.NOT_SUPPORTED:
             _mig_problem(reader, index, call, exc, what)
         return None
 
 
 def _mig_problem(reader: Reader, index: int, call: str, exc: pynvml.NVMLError, what: str) -> None:
     code = error_code(exc)
-    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+    if classify(exc) is NvmlErrorKind.NO_PERMISSION:
         message = (
             f"{what}: {NO_PERMISSION_MIG} (NVML error {code}); GPU {index} is served without MIG devices"
         )
