@@ -60,6 +60,10 @@ _CODES: dict[int, tuple[NvmlErrorKind, str | None]] = {
     pynvml.NVML_ERROR_TIMEOUT: (NvmlErrorKind.TIMEOUT, None),
 }
 
+# What a device answers for a feature or an index it does not have: MIG mode on a pre-Ampere GPU, an
+# NVLink beyond the ones it has. Discovery takes both as "absent", never as a problem.
+ABSENT = frozenset({NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.INVALID_ARGUMENT})
+
 
 def error_code(exc: BaseException) -> int:
     """NVML's return code of `exc` (-1 for an exception that is not an NVMLError)."""

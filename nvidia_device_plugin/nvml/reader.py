@@ -65,11 +65,22 @@ class Reader:
                 self.note(gpu, _name(fn), error_code(exc), f"{nvml_error(exc, what)}; {consequence}")
             return fallback
 
+    def note_lost(self, index: int, uuid: str, call: str) -> None:
+        """GPU `index` answered GPU_IS_LOST from `call`: it is served as lost, and the problem says so."""
+        self.note(index, call, pynvml.NVML_ERROR_GPU_IS_LOST, lost_message(index, uuid, call))
+
     def note(self, gpu: int | None, call: str, code: int, message: str) -> None:
         key = (gpu, call, code)
         if key not in self._seen:
             self._seen.add(key)
             self.problems.append(DiscoveryProblem(gpu_index=gpu, call=call, code=code, message=message))
+
+
+def lost_message(index: int, uuid: str, call: str) -> str:
+    return (
+        f"GPU {index} ({uuid}) is lost (GPU_IS_LOST from {call}); advertised as Unhealthy and checked "
+        "again every poll"
+    )
 
 
 def raise_if_lost(exc: pynvml.NVMLError, call: str) -> None:

@@ -9,7 +9,8 @@ import pynvml
 import pytest
 
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.nvml.discovery import discover, read_numa_node, sysfs_pci_name
+from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.nvml.pci import read_numa_node, sysfs_pci_name
 from nvidia_device_plugin.nvml.sim.node import load_node, parse_node
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
 

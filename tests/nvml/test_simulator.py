@@ -13,7 +13,9 @@ import nvidia_device_plugin
 from nvidia_device_plugin.devices import PcieLevel
 from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.nvml.api import NvmlApi, api_functions
-from nvidia_device_plugin.nvml.discovery import discover, mig_profile_name, read_numa_node
+from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.nvml.mig_profiles import mig_profile_name
+from nvidia_device_plugin.nvml.pci import read_numa_node
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.node import load_node, preset_names
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml, simulated_functions
