@@ -34,7 +34,8 @@ def test_every_api_function_exists_with_pynvml_signature_on_pynvml_and_the_simul
     real = getattr(pynvml, name, None)
     assert callable(real), f"NvmlApi declares {name}, which pynvml does not have"
     assert _parameters(real, drop_self=False) == declared, f"NvmlApi.{name} differs from pynvml's"
-    simulated = vars(SimulatedNvml).get(name)
+    # Looked up without calling __getattr__: the function must be defined by the simulator's classes.
+    simulated = inspect.getattr_static(SimulatedNvml, name, None)
     assert simulated is not None, f"the simulator lacks {name}, which NvmlApi declares"
     assert _parameters(simulated, drop_self=True) == declared, f"SimulatedNvml.{name} differs from pynvml's"
 
