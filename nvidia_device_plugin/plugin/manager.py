@@ -23,9 +23,9 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
-from nvidia_device_plugin.events import NO_EVENTS, Events
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
 from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, PluginEvents
 from nvidia_device_plugin.plugin.registration import (
     REGISTER_TIMEOUT_SECONDS,
     RegistrationError,
@@ -69,7 +69,7 @@ class PluginManager:
         self,
         plugin_dir: Path,
         kubelet_socket: str = KUBELET_SOCKET,
-        events: Events = NO_EVENTS,
+        events: PluginEvents = NO_PLUGIN_EVENTS,
         min_retry_seconds: float = 0.05,
         max_retry_seconds: float = 2.0,
         register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,

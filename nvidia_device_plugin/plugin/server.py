@@ -29,8 +29,8 @@ from google.protobuf.message import Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.errors import AllocationError, DevicePluginError
-from nvidia_device_plugin.events import NO_EVENTS, CallError, CallMethod, Events
 from nvidia_device_plugin.plugin import protocol
+from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, CallError, CallMethod, PluginEvents
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class ResourceServer:
         resource_name: str,
         socket_path: Path,
         backend: ResourceBackend,
-        events: Events = NO_EVENTS,
+        events: PluginEvents = NO_PLUGIN_EVENTS,
         max_workers: int = WORKERS,
     ) -> None:
         self.resource_name = resource_name
