@@ -31,15 +31,8 @@ def read_mig_devices(
     nv = reader.nv
     index = gpu.index
     what = f"reading MIG devices of GPU {index}"
-    count = _mig_call(
-        reader,
-        index,
-        "nvmlDeviceGetMaxMigDeviceCount",
-        what,
-        lambda: nv.nvmlDeviceGetMaxMigDeviceCount(handle),
-    )
     devices = []
-    for j in range(count or 0):
+    for j in range(_max_mig_devices(reader, handle, index, what)):
         try:
             mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
         except pynvml.NVMLError as exc:
@@ -144,14 +137,15 @@ def _gpu_instance_profile(
     return None, 0
 
 
-def _mig_call(reader: Reader, index: int, call: str, what: str, fn: object) -> int | None:
+def _max_mig_devices(reader: Reader, handle: DeviceHandle, index: int, what: str) -> int:
+    """How many MIG device slots to look at; 0 when NVML cannot say (a problem, unless NOT_SUPPORTED)."""
     try:
-        return int(fn())  # type: ignore[operator]
+        return int(reader.nv.nvmlDeviceGetMaxMigDeviceCount(handle))
     except pynvml.NVMLError as exc:
-        raise_if_lost(exc, call)
+        raise_if_lost(exc, "nvmlDeviceGetMaxMigDeviceCount")
         if classify(exc) is not NvmlErrorKind.NOT_SUPPORTED:
-            _mig_problem(reader, index, call, exc, what)
-        return None
+            _mig_problem(reader, index, "nvmlDeviceGetMaxMigDeviceCount", exc, what)
+        return 0
 
 
 def _mig_problem(reader: Reader, index: int, call: str, exc: pynvml.NVMLError, what: str) -> None:

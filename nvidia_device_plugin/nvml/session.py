@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 
 import pynvml
@@ -29,11 +28,6 @@ class NvmlSession:
     nv: NvmlApi
     host: HostPaths
     simulator: SimulatedNvml | None
-
-    @property
-    def sysfs_root(self) -> Path:
-        """Where discovery reads PCI NUMA nodes (host.sysfs_root)."""
-        return self.host.sysfs_root
 
     def __enter__(self) -> NvmlSession:
         return self

@@ -168,7 +168,7 @@ def test_events_reach_registered_sets_with_mig_attribution() -> None:
 
 def test_discovery_of_dgx_a100() -> None:
     with open_nvml("dgx-a100") as session:
-        inventory = discover(session.nv, session.sysfs_root)
+        inventory = discover(session.nv, session.host.sysfs_root)
     assert len(inventory.gpus) == 8
     gpu = inventory.gpus[0]
     assert gpu.name == "NVIDIA A100-SXM4-80GB"
@@ -186,7 +186,7 @@ def test_discovery_of_dgx_a100() -> None:
 
 def test_discovery_of_mig_and_pcie_pairs() -> None:
     with open_nvml("a100-mig-mixed") as session:
-        inventory = discover(session.nv, session.sysfs_root)
+        inventory = discover(session.nv, session.host.sysfs_root)
     profiles = [[m.profile for m in g.mig_devices] for g in inventory.gpus]
     assert profiles == [["1g.10gb"] * 7, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"], ["3g.40gb"] * 2, []]
     mig = inventory.gpus[1].mig_devices[0]
@@ -195,14 +195,14 @@ def test_discovery_of_mig_and_pcie_pairs() -> None:
     assert inventory.gpus[3].mig_enabled is False
 
     with open_nvml("pcie-nvlink-pairs") as session:
-        inventory = discover(session.nv, session.sysfs_root)
+        inventory = discover(session.nv, session.host.sysfs_root)
     lanes = {(link.a, link.b): link.nvlinks for link in inventory.links}
     assert lanes == {(0, 1): 12, (2, 3): 12, (0, 2): 0, (0, 3): 0, (1, 2): 0, (1, 3): 0}
 
 
 def test_unknown_numa_is_none_and_t4_has_no_mig() -> None:
     with open_nvml("t4-single") as session:
-        inventory = discover(session.nv, session.sysfs_root)
+        inventory = discover(session.nv, session.host.sysfs_root)
     assert inventory.gpus[0].numa_node is None
     assert inventory.gpus[0].mig_enabled is False
     assert inventory.links == ()

@@ -23,6 +23,7 @@ from nvidia_device_plugin.nvml.api import (
     EventSetHandle,
     PciInfo,
 )
+from nvidia_device_plugin.nvml.events import NOT_ATTRIBUTED
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
 from nvidia_device_plugin.nvml.sim.host import materialize_host, mig_instance_ids
@@ -32,7 +33,6 @@ _GPU_STRIDE = 0x10000
 _MIG_STRIDE = 0x100
 _EVENT_SET_BASE = 0x7F000000
 _GPU_INSTANCE_BASE = 0x40000000  # + GPU index * 0x100 + GPU instance ID
-NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
 
 
 F = TypeVar("F", bound=Callable[..., Any])
