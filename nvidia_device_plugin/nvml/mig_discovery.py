@@ -20,9 +20,14 @@ from nvidia_device_plugin.nvml.mig_profiles import (
     mig_profile_name,
     resolve_caps_minors,
 )
-from nvidia_device_plugin.nvml.reader import NO_PERMISSION_MIG, Reader, raise_if_lost
+from nvidia_device_plugin.nvml.reader import Reader, raise_if_lost
 
 _EMPTY_SLOT = frozenset({NvmlErrorKind.NOT_FOUND, NvmlErrorKind.INVALID_ARGUMENT})
+# NO_PERMISSION while enumerating MIG devices, in the operator's words: which capability it takes.
+NO_PERMISSION_MIG = (
+    "no permission to enumerate MIG devices: in a container this needs CAP_SYS_ADMIN (run the plugin "
+    "privileged, or add the SYS_ADMIN capability)"
+)
 
 
 def read_mig_devices(

@@ -19,11 +19,6 @@ from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code
 
 T = TypeVar("T")
 
-NO_PERMISSION_MIG = (
-    "no permission to enumerate MIG devices: in a container this needs CAP_SYS_ADMIN (run the plugin "
-    "privileged, or add the SYS_ADMIN capability)"
-)
-
 
 class GpuLost(Exception):
     """NVML answered GPU_IS_LOST for a GPU while it was being read."""
