@@ -1,10 +1,14 @@
-"""Choosing the NVML implementation: the real pynvml module, or a SimulatedNvml for `--simulate NODE`."""
+"""Choosing the NVML implementation: the real pynvml module, or a SimulatedNvml for `--simulate NODE`.
+
+A session is a context manager (`with open_nvml(node) as session:`) for code that reads the node and is
+done; the daemons keep theirs open for their whole life and call close() when they stop.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
+from types import TracebackType
 
 import pynvml
 
@@ -25,16 +29,16 @@ class NvmlSession:
     host: HostPaths
     simulator: SimulatedNvml | None
 
-    @property
-    def simulated(self) -> bool:
-        return self.simulator is not None
+    def __enter__(self) -> NvmlSession:
+        return self
 
-    @property
-    def sysfs_root(self) -> Path:
-        """Where discovery reads PCI NUMA nodes (host.sysfs_root)."""
-        return self.host.sysfs_root
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def close(self) -> None:
+        """Shut NVML down (a failure is logged, not raised) and remove a simulated node's host tree."""
         try:
             self.nv.nvmlShutdown()
         except pynvml.NVMLError as exc:
