@@ -56,7 +56,8 @@ def _run_command(*argv: str) -> set[str]:
 def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 2\n"
     )
     return path
 
@@ -84,9 +85,10 @@ def test_check_config_imports_no_server_metrics_or_kubernetes(config_file: Path)
 def test_run_without_a_node_label_does_not_import_the_kubernetes_client(
     plugin_dir: Path, kubelet: KubeletStandIn
 ) -> None:
+    argv = ["run", "--simulate", "t4-single", "--device-plugin-path", str(plugin_dir)]
+    argv += ["--metrics-address", ""]
     proc = subprocess.Popen(
-        [sys.executable, "-c", _REPORT_MODULES, "run", "--simulate", "t4-single"]
-        + ["--device-plugin-path", str(plugin_dir), "--metrics-address", ""],
+        [sys.executable, "-c", _REPORT_MODULES, *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
