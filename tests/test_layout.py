@@ -33,16 +33,9 @@ PLUGIN_MAY_IMPORT = {"", "errors", "logs", "workers", "atomicfile", "fswatch", "
 KNOWN_VIOLATIONS = {
     "cdi.scan imports serving.allocate",  # serving: device-node facts move to devnodes.py
     "cdi.spec imports serving.allocate",  # serving
-    "plugin.manager imports events",  # nvml: plugin/ gets its own events Protocol
-    "plugin.server imports events",  # nvml
-    "cycle plugin.protocol -> plugin.server",  # nvml: handlers() moves into plugin/server.py
-    "nvml/discovery.py:_gpu has over 60 lines",  # nvml
     "serving/allocate.py:_container_response has over 60 lines",  # serving: Allocate as named steps
     "health/monitor.py has over 400 lines",  # workers
     "sharing/mps_daemon.py has over 400 lines",  # workers
-    "nvml/discovery.py has over 400 lines",  # nvml
-    "nvml/sim/simulator.py has over 400 lines",  # nvml
-    "plugin/manager.py has over 400 lines",  # nvml
     "serving/allocate.py has over 400 lines",  # serving
     "serving/preferred.py has over 400 lines",  # serving
 }

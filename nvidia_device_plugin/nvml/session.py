@@ -9,14 +9,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import pynvml
 
 from nvidia_device_plugin.nvml.api import NvmlApi
 from nvidia_device_plugin.nvml.errors import nvml_call
 from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
-from nvidia_device_plugin.nvml.sim.node import load_node
-from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
+
+if TYPE_CHECKING:  # a real node never loads the simulator
+    from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ class NvmlSession:
 def open_nvml(simulate: str | None = None) -> NvmlSession:
     """Initialise NVML; raises NvmlError ("NVIDIA driver library not found: ...") on a node without one."""
     if simulate:
+        from nvidia_device_plugin.nvml.sim.node import load_node
+        from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
+
         sim = SimulatedNvml(load_node(simulate))
         nvml_call(sim.nvmlInit, what="initialising simulated NVML")
         log.info("NVML simulated: node %s with %d GPUs", sim.node.name, len(sim.node.gpus))
