@@ -165,7 +165,7 @@ def _device_nodes(
         return (gpu_node,)
     mig = inventory.mig_device(dev.physical_uuid)
     if mig is None:
-        raise CdiError(f"MIG device {dev.physical_uuid} is not in the inventory")
+        raise CdiError(f"{dev.label} is not in the inventory")
     try:
         caps = devnodes.mig_capability_nodes(mig, gpu.minor, str(proc_root))
     except AllocationError as exc:
