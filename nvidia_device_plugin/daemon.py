@@ -32,7 +32,7 @@ from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
 from nvidia_device_plugin.serving.allocate import imex_problem, imex_summary
 from nvidia_device_plugin.serving.backend import GpuResourceBackend
-from nvidia_device_plugin.sharing.mps import replica_counts
+from nvidia_device_plugin.sharing.mps import shared_devices
 from nvidia_device_plugin.sharing.readiness import (
     DEFAULT_POLL_INTERVAL_S,
     MpsReadinessWatcher,
@@ -264,7 +264,7 @@ class Daemon:
         # Read MPS readiness before the new lists are served, so the first list is already right.
         self.mps_readiness.watch(
             snapshot.config.flags.mps_root,
-            ((p.name, uuid) for p in snapshot.plans if p.sharing == "mps" for uuid in replica_counts(p)),
+            ((p.name, uuid) for p in snapshot.plans if p.sharing == "mps" for uuid in shared_devices(p)),
         )
         specs = {
             plan.name: ResourceSpec(

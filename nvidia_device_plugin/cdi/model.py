@@ -1,19 +1,75 @@
-"""Values shared by the CDI modules: the settings spec generation reads, a spec, and a plan of specs."""
+"""The CDI names Allocate and the specs share, and the values passed between the CDI modules.
+
+The vendor, the device classes (`gpu`, and the extra classes `gdrcopy`, `gds`, `mofed`) and the name a
+device has (`runtime_device_id`) are decided here, for Allocate (serving/) and the spec generation alike;
+then the settings spec generation reads, a spec, and a plan of specs.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from nvidia_device_plugin.config.v1 import Config, DeviceIdStrategy
 from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.resources import AdvertisedDevice
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+GPU_CLASS = "gpu"  # every GPU and MIG device Allocate names, as in NVIDIA's plugin
 # The lowest CDI version with every field the specs use (deviceNodes[].hostPath arrived in 0.5.0); the
 # CDI library refuses a spec whose version is below what its fields need, and old runtimes refuse newer ones.
 CDI_VERSION = "0.5.0"
-# Allocate's extra devices (gdrcopyEnabled, gdsEnabled, mofedEnabled): one class each, one device "all".
-EXTRA_MODES = ("gdrcopy", "gds", "mofed")
+
+
+@dataclass(frozen=True)
+class ExtraMode:
+    """One of Allocate's extra devices (`<name>Enabled`): a CDI class of its own with one device "all"."""
+
+    name: str  # the CDI class, and the stem of its flag and of its NVIDIA_<NAME> variable
+    device_node_globs: tuple[str, ...]  # under /dev: the nodes its device "all" holds
+
+
+# In the order Allocate names them, after the GPUs.
+EXTRA_MODES = (
+    ExtraMode("gdrcopy", ("gdrdrv",)),
+    ExtraMode("gds", ("nvidia-fs*",)),
+    ExtraMode("mofed", ("infiniband/*",)),
+)
+
+
+class ExtraModeFlags(Protocol):
+    """The flags that enable the extra modes (config's Flags and Allocate's settings both carry them)."""
+
+    @property
+    def gdrcopy_enabled(self) -> bool: ...
+    @property
+    def gds_enabled(self) -> bool: ...
+    @property
+    def mofed_enabled(self) -> bool: ...
+
+
+def enabled_extra_modes(flags: ExtraModeFlags) -> tuple[str, ...]:
+    """The names of the extra modes `flags` enable, in EXTRA_MODES order."""
+    enabled = {"gdrcopy": flags.gdrcopy_enabled, "gds": flags.gds_enabled, "mofed": flags.mofed_enabled}
+    return tuple(mode.name for mode in EXTRA_MODES if enabled[mode.name])
+
+
+def extra_mode(name: str) -> ExtraMode:
+    return next(mode for mode in EXTRA_MODES if mode.name == name)
+
+
+def runtime_device_id(device: AdvertisedDevice, strategy: DeviceIdStrategy) -> str:
+    """The ID the runtime gets for `device`, and its CDI device name: a UUID, or "3" / "3:1" (index)."""
+    return device.physical_uuid if strategy == "uuid" else device.index_id
+
+
+def cdi_kind(cdi_class: str) -> str:
+    return f"{CDI_VENDOR}/{cdi_class}"
+
+
+def cdi_device_name(cdi_class: str, device: str) -> str:
+    """The fully qualified CDI name: "k8s.device-plugin.nvidia.com/gpu=<device>"."""
+    return f"{cdi_kind(cdi_class)}={device}"
 
 
 class CdiError(DevicePluginError):
@@ -32,13 +88,12 @@ class CdiSettings:
     disabled_hooks: tuple[str, ...] = ()  # cdiDisableHooks
     feature_flags: tuple[str, ...] = ()  # cdiFeatureFlags
     spec_dir: str = "/var/run/cdi"  # cdiSpecDir (ours)
-    extra_modes: tuple[str, ...] = ()  # of EXTRA_MODES, those enabled
+    extra_modes: tuple[str, ...] = ()  # the names of the EXTRA_MODES enabled
 
     @classmethod
     def from_config(cls, config: Config) -> CdiSettings:
         flags = config.flags
         plugin = flags.plugin
-        enabled = {"gdrcopy": flags.gdrcopy_enabled, "gds": flags.gds_enabled, "mofed": flags.mofed_enabled}
         return cls(
             device_id_strategy=plugin.device_id_strategy,
             nvidia_driver_root=flags.nvidia_driver_root,
@@ -48,7 +103,7 @@ class CdiSettings:
             disabled_hooks=plugin.cdi_disable_hooks,
             feature_flags=plugin.cdi_feature_flags,
             spec_dir=plugin.cdi_spec_dir,
-            extra_modes=tuple(m for m in EXTRA_MODES if enabled[m]),
+            extra_modes=enabled_extra_modes(flags),
         )
 
 

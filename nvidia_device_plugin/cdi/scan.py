@@ -8,21 +8,16 @@ Every problem is a CdiError naming the file or directory that is missing or unre
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvidia_device_plugin.cdi.model import CdiError
+from nvidia_device_plugin import devnodes
+from nvidia_device_plugin.cdi.model import CdiError, extra_mode
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.resources import AdvertisedDevice
-from nvidia_device_plugin.serving.allocate import (
-    CONTROL_DEVICE_NODES,
-    MIG_CAPS_DEVICE_DIR,
-    mig_capability_device_node,
-)
 
 # Where distributions and the driver installer put the driver's user-space libraries, in search order.
 LIBRARY_DIRS = (
@@ -48,12 +43,6 @@ REQUIRED_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")
 _LIBRARY_STEMS = r"(?:libcuda|libcudadebugger|libnvcuvid|libnvoptix|libnvidia-[A-Za-z0-9_.+-]+?)"
 FIRMWARE_DIR = "lib/firmware/nvidia"
 PERSISTENCED_SOCKET = "run/nvidia-persistenced/socket"
-# Allocate's extra CDI devices and the nodes each needs (one glob per entry, under /dev).
-EXTRA_MODE_NODES = {
-    "gdrcopy": ("gdrdrv",),
-    "gds": ("nvidia-fs*",),
-    "mofed": ("infiniband/*",),
-}
 
 
 @dataclass(frozen=True)
@@ -149,7 +138,7 @@ def scan_node(
 ) -> NodeScan:
     """Scan the driver root and the device nodes of `devices` (the physical devices behind them)."""
     driver = scan_driver_root(driver_root, inventory.driver_version)
-    control = tuple(node for node in CONTROL_DEVICE_NODES if _present(dev_root, node))
+    control = devnodes.present_control_nodes(str(dev_root))
     if "/dev/nvidiactl" not in control:
         raise CdiError(
             f"/dev/nvidiactl does not exist under {dev_root}: the NVIDIA kernel driver is not loaded, or "
@@ -169,47 +158,36 @@ def _device_nodes(
     gpu = inventory.gpu(dev.gpu_uuid)
     if gpu is None:
         raise CdiError(f"GPU {dev.gpu_uuid} of advertised device {dev.id} is not in the inventory")
-    gpu_node = f"/dev/nvidia{gpu.minor}"
-    if not _present(dev_root, gpu_node):
-        raise CdiError(f"{gpu_node} of GPU {gpu.index} ({gpu.uuid}) does not exist under {dev_root}")
+    gpu_node = devnodes.gpu_device_node(gpu.minor)
+    if not devnodes.exists(str(dev_root), gpu_node):
+        raise CdiError(f"{gpu_node} of {gpu.label} does not exist under {dev_root}")
     if dev.kind != "mig":
         return (gpu_node,)
     mig = inventory.mig_device(dev.physical_uuid)
     if mig is None:
-        raise CdiError(f"MIG device {dev.physical_uuid} is not in the inventory")
-    if mig.caps_minors is not None:
-        caps = [f"{MIG_CAPS_DEVICE_DIR}/nvidia-cap{minor}" for minor in mig.caps_minors]
-    else:
-        access = posixpath.join(str(proc_root), "driver/nvidia/capabilities", f"gpu{gpu.minor}", "mig")
-        gi = posixpath.join(access, f"gi{mig.gpu_instance_id}")
-        try:
-            caps = [
-                mig_capability_device_node(posixpath.join(gi, "access")),
-                mig_capability_device_node(posixpath.join(gi, f"ci{mig.compute_instance_id}", "access")),
-            ]
-        except AllocationError as exc:
-            raise CdiError(str(exc)) from exc
+        raise CdiError(f"{dev.label} is not in the inventory")
+    try:
+        caps = devnodes.mig_capability_nodes(mig, gpu.minor, str(proc_root))
+    except AllocationError as exc:
+        raise CdiError(str(exc)) from exc
     for cap in caps:
-        if not _present(dev_root, cap):
-            raise CdiError(f"{cap} of MIG device {mig.uuid} does not exist under {dev_root}")
+        if not devnodes.exists(str(dev_root), cap):
+            raise CdiError(f"{cap} of {mig.label} does not exist under {dev_root}")
     return (gpu_node, *caps)
 
 
 def _extra_mode_nodes(mode: str, dev_root: Path) -> tuple[str, ...]:
+    globs = extra_mode(mode).device_node_globs
     found: list[str] = []
-    for pattern in EXTRA_MODE_NODES[mode]:
+    for pattern in globs:
         found += sorted("/" + str(p.relative_to(dev_root)) for p in (dev_root / "dev").glob(pattern))
     if not found:
-        wanted = ", ".join(f"/dev/{p}" for p in EXTRA_MODE_NODES[mode])
+        wanted = ", ".join(f"/dev/{p}" for p in globs)
         raise CdiError(
             f"{mode}Enabled is true but no {wanted} exists under {dev_root}: load the {mode} kernel module "
             f"or set {mode}Enabled to false (Allocate would name {mode}=all, which no spec could define)"
         )
     return tuple(found)
-
-
-def _present(root: Path, path: str) -> bool:
-    return (root / path.lstrip("/")).exists()
 
 
 def _list_dir(directory: Path) -> list[str]:

@@ -16,13 +16,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nvidia_device_plugin.cdi.model import CDI_VENDOR, CDI_VERSION, CdiError, CdiPlan, CdiSettings, CdiSpec
+from nvidia_device_plugin.cdi.model import (
+    CDI_VENDOR,
+    CDI_VERSION,
+    GPU_CLASS,
+    CdiError,
+    CdiPlan,
+    CdiSettings,
+    CdiSpec,
+    cdi_kind,
+    runtime_device_id,
+)
 from nvidia_device_plugin.cdi.scan import NodeScan, scan_node
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.devnodes import under
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.resources import ResourcePlan
-from nvidia_device_plugin.serving.allocate import CDI_GPU_CLASS, runtime_device_id
 
 # Hooks these specs can carry; cdiDisableHooks names them (or "all"). NVIDIA's toolkit knows a few more,
 # which these specs never carry, so disabling them is accepted and changes nothing.
@@ -93,14 +103,14 @@ def generate_specs(
         entries.append(_device("all", everything, settings))
     specs = []
     if entries:
-        specs.append(_spec(CDI_GPU_CLASS, entries, _common_edits(settings, scan)))
+        specs.append(_spec(GPU_CLASS, entries, _common_edits(settings, scan)))
     for mode in settings.extra_modes:
         specs.append(_spec(mode, [_device("all", list(scan.extra_mode_nodes[mode]), settings)], None))
     return tuple(specs)
 
 
 def _spec(cdi_class: str, devices: list[dict[str, Any]], common: dict[str, Any] | None) -> CdiSpec:
-    kind = f"{CDI_VENDOR}/{cdi_class}"
+    kind = cdi_kind(cdi_class)
     document: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices}
     if common:
         document["containerEdits"] = common
@@ -112,7 +122,7 @@ def _device(name: str, nodes: list[str], settings: CdiSettings) -> dict[str, Any
 
 
 def _node(path: str, settings: CdiSettings) -> dict[str, Any]:
-    return {"path": path, "hostPath": _under(settings.nvidia_dev_root, path)}
+    return {"path": path, "hostPath": under(settings.nvidia_dev_root, path)}
 
 
 def _common_edits(settings: CdiSettings, scan: NodeScan) -> dict[str, Any]:
@@ -125,7 +135,7 @@ def _common_edits(settings: CdiSettings, scan: NodeScan) -> dict[str, Any]:
         "deviceNodes": [_node(p, settings) for p in scan.control_nodes],
         "mounts": [
             {
-                "hostPath": _under(settings.nvidia_driver_root, path),
+                "hostPath": under(settings.nvidia_driver_root, path),
                 "containerPath": path,
                 "options": list(MOUNT_OPTIONS),
             }
@@ -159,7 +169,3 @@ def _hook(settings: CdiSettings, name: str, *args: str) -> dict[str, Any]:
     # nvidia-ctk runs hooks as `nvidia-ctk hook <name>`; the standalone nvidia-cdi-hook as `<name>`.
     prefix = [program, "hook"] if program == "nvidia-ctk" else [program]
     return {"hookName": "createContainer", "path": settings.hook_path, "args": [*prefix, name, *args]}
-
-
-def _under(root: str, path: str) -> str:
-    return posixpath.normpath(posixpath.join(root, path.lstrip("/")))

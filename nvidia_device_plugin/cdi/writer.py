@@ -17,12 +17,14 @@ from pathlib import Path
 
 from nvidia_device_plugin.atomicfile import replace_file
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiPlan, CdiSpec
+from nvidia_device_plugin.logs import FailureLog
 
 log = logging.getLogger(__name__)
 
 SPEC_FILE_MODE = 0o644
 _OURS_PREFIX = f"{CDI_VENDOR}-"
 _TEMP_PREFIX = f".{CDI_VENDOR}-"
+_PROBLEM = "problem"  # the FailureLog key of why nothing can be served
 
 
 @dataclass(frozen=True)
@@ -99,17 +101,15 @@ class CdiPublisher:
     def __init__(self) -> None:
         self.problem: str | None = None
         self._dirs: set[Path] = set()  # where this process wrote specs: cleaned when no longer needed
-        self._noted: set[str] = set()
+        self._failures = FailureLog(log)
 
     def publish(self, plan: CdiPlan | None) -> str | None:
         if plan is None:  # no CDI strategy: our specs from earlier in this process are not needed
             self._clean(self._dirs)
             self._set_problem(None)
             return None
-        for note in plan.notes:
-            if note not in self._noted:
-                self._noted.add(note)
-                log.warning("CDI: %s", note)
+        for note in plan.notes:  # each logged once in the process's life
+            self._failures.report(f"note {note}", f"CDI: {note}")
         spec_dir = Path(plan.spec_dir)
         self._clean(self._dirs - {spec_dir})
         problem = plan.problem
@@ -145,11 +145,12 @@ class CdiPublisher:
                 log.info("CDI spec %s removed: no longer needed", directory / name)
 
     def _set_problem(self, problem: str | None) -> None:
-        if problem != self.problem:
-            if problem is not None:
-                log.error(
-                    "%s; serving no resources until it is fixed (then SIGHUP or a config change)", problem
-                )
-            elif self.problem is not None:
-                log.info("CDI specs can be generated again; serving resources")
+        if problem is not None:
+            self._failures.report(
+                _PROBLEM,
+                f"{problem}; serving no resources until it is fixed (then SIGHUP or a config change)",
+                logging.ERROR,
+            )
+        elif self._failures.clear(_PROBLEM):
+            log.info("CDI specs can be generated again; serving resources")
         self.problem = problem

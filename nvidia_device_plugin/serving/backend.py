@@ -59,14 +59,8 @@ class GpuResourceBackend:
     def allocate(self, requests: Sequence[Sequence[str]]) -> pb.AllocateResponse:
         if self._mps_gate is not None:
             self._check_mps_ready(requests)
-        return allocate(
-            self.plan,
-            requests,
-            self.settings,
-            unhealthy=self.registry,  # asked per requested device; no copy of the unhealthy map
-            inventory=self.inventory,
-            index=self._index,
-        )
+        # The registry is asked per requested device; no copy of the unhealthy map.
+        return allocate(self._index, requests, self.settings, self.registry)
 
     def preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int
@@ -91,5 +85,5 @@ class GpuResourceBackend:
                 if reason is not None:
                     raise AllocationError(
                         f"container_requests[{i}]: device '{device_id}' cannot be allocated: the MPS control "
-                        f"daemon of GPU {dev.gpu_index} ({dev.physical_uuid}) is not ready: {reason}"
+                        f"daemon of {dev.label} is not ready: {reason}"
                     )

@@ -23,7 +23,6 @@ GPU has its own control daemon. GetPreferredAllocation keeps a multi-replica req
 from __future__ import annotations
 
 import posixpath
-from collections import Counter
 from collections.abc import Sequence
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
@@ -64,9 +63,12 @@ def active_thread_percentage(replicas: int, shares: int = 1) -> int:
     return min(max(100 // max(replicas, 1), 1) * max(shares, 1), 100)
 
 
-def replica_counts(plan: ResourcePlan) -> Counter[str]:
-    """Replicas per physical device in `plan` (devices the plan does not share are absent)."""
-    return Counter(d.physical_uuid for d in plan.devices if d.replica is not None)
+def shared_devices(plan: ResourcePlan) -> tuple[str, ...]:
+    """The physical devices `plan` advertises replicas of (`plan.replicas` each), in plan order.
+
+    A plan may also hold devices its sharing entries did not select; those are unshared and left out.
+    """
+    return tuple(dict.fromkeys(d.physical_uuid for d in plan.devices if d.replica is not None))
 
 
 def client_envs(resource_name: str, memory_bytes: int, replicas: int, shares: int = 1) -> dict[str, str]:

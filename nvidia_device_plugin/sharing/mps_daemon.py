@@ -31,7 +31,6 @@ from nvidia_device_plugin.sharing.mps import (
     host_log_dir,
     host_pipe_dir,
     pinned_memory_limit_mib,
-    replica_counts,
 )
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
 
@@ -75,12 +74,11 @@ def daemon_specs(plan: ResourcePlan, mps_root: str) -> tuple[MpsDaemonSpec, ...]
     """One daemon per device that `plan` shares with MPS, in plan order; none for other plans."""
     if plan.sharing != "mps":
         return ()
-    counts = replica_counts(plan)
     specs: dict[str, MpsDaemonSpec] = {}
     for dev in plan.devices:
         if dev.replica is None or dev.physical_uuid in specs:
             continue
-        replicas = counts[dev.physical_uuid]
+        replicas = plan.replicas
         specs[dev.physical_uuid] = MpsDaemonSpec(
             resource_name=plan.name,
             gpu_uuid=dev.physical_uuid,

@@ -31,6 +31,7 @@ from nvidia_device_plugin.config.v1 import (
     ReplicatedResources,
     Sharing,
 )
+from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.sim.host import DRIVER_BINARIES, DRIVER_LIBRARIES
 from nvidia_device_plugin.serving.allocate import AllocationIndex, allocate
@@ -237,10 +238,11 @@ def test_mig_devices_by_index_carry_the_same_nodes_as_pass_device_specs(sessions
         device_node_probe_root=snapshot.allocation.device_node_probe_root,
     )
     control = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+    healthy = UnhealthyIds(frozenset())
     for plan in snapshot.plans:
         index = AllocationIndex(plan, snapshot.inventory)
         for dev in plan.devices:
-            response = allocate(plan, [[dev.id]], specs_settings, index=index).container_responses[0]
+            response = allocate(index, [[dev.id]], specs_settings, healthy).container_responses[0]
             passed = [d.container_path for d in response.devices if d.container_path not in control]
             assert spec[dev.index_id] == passed
             if dev.kind == "mig":

@@ -4,11 +4,12 @@ import threading
 
 import pytest
 
+from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import HealthRegistry, UnhealthyIds
 from nvidia_device_plugin.resources import ResourcePlan, replica_id
-from nvidia_device_plugin.serving.allocate import AllocationSettings, allocate
+from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 
 from support.builders import gpu_device, mig_device
 
@@ -78,14 +79,14 @@ def test_a_fixed_set_of_unhealthy_uuids_follows_the_same_rule_as_the_registry() 
 
 def test_allocate_asks_the_registry() -> None:
     registry = HealthRegistry()
-    mig_plan = plans()[0]
+    mig_plan = AllocationIndex(plans()[0], Inventory(gpus=()))  # no device specs: no GPU facts read
     request = [[replica_id(MIG0_0, 1)]]
-    assert allocate(mig_plan, request, AllocationSettings(), unhealthy=registry).container_responses
+    assert allocate(mig_plan, request, AllocationSettings(), registry).container_responses
     registry.mark(HealthChange(GPU0, healthy=False, reason="XID 79", xid=79))  # its GPU goes down
     with pytest.raises(AllocationError, match=rf"device '{replica_id(MIG0_0, 1)}' is unhealthy"):
-        allocate(mig_plan, request, AllocationSettings(), unhealthy=registry)
+        allocate(mig_plan, request, AllocationSettings(), registry)
     registry.mark(HealthChange(GPU0, healthy=True, reason="recovered"))
-    assert allocate(mig_plan, request, AllocationSettings(), unhealthy=registry).container_responses
+    assert allocate(mig_plan, request, AllocationSettings(), registry).container_responses
 
 
 def test_gpu_reason_wins_over_its_mig_devices_reason() -> None:

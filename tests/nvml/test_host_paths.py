@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvidia_device_plugin.config.v1 import Config, Flags
+from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.host import REAL_HOST
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.resource_plans import build_resources
-from nvidia_device_plugin.serving.allocate import AllocationSettings, allocate
+from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 
 
 def test_the_real_host_is_the_root_filesystem() -> None:
@@ -35,7 +36,7 @@ def test_pass_device_specs_allocates_a_mig_device_on_the_simulated_host() -> Non
             proc_root=str(host.proc_root),
             device_node_probe_root=str(host.dev_root),
         )
-        response = allocate(plan, [[device.id]], settings, inventory=inventory)
+        response = allocate(AllocationIndex(plan, inventory), [[device.id]], settings, UnhealthyIds(()))
         (container,) = response.container_responses
         paths = [d.container_path for d in container.devices]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Container, Sequence
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,15 @@ from google.protobuf.json_format import MessageToDict
 from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.config.v1 import Config, Flags, PluginFlags
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
+from nvidia_device_plugin.devnodes import mig_capability_device_node
 from nvidia_device_plugin.errors import AllocationError
+from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
 from nvidia_device_plugin.serving.allocate import (
     AllocationIndex,
     AllocationSettings,
     allocate,
-    mig_capability_device_node,
 )
 
 from support.builders import gpu_device, mig_device
@@ -142,10 +144,20 @@ def _settings(node: Path | None = None, **overrides: object) -> AllocationSettin
     return AllocationSettings(**{**roots, **overrides})  # type: ignore[arg-type]
 
 
+def _allocate(
+    plan: ResourcePlan,
+    requests: Sequence[Sequence[str]],
+    settings: AllocationSettings,
+    down: Container[str] = frozenset(),
+) -> api_pb2.AllocateResponse:
+    """allocate() for `plan` on _inventory()'s node, with the devices (or their GPUs) in `down` unhealthy."""
+    return allocate(AllocationIndex(plan, _inventory()), requests, settings, UnhealthyIds(down))
+
+
 def _one(
     plan: ResourcePlan, ids: list[str], settings: AllocationSettings
 ) -> api_pb2.ContainerAllocateResponse:
-    response = allocate(plan, [ids], settings, inventory=_inventory())
+    response = _allocate(plan, [ids], settings)
     assert len(response.container_responses) == 1
     return response.container_responses[0]
 
@@ -310,9 +322,9 @@ def test_an_unshared_gpu_in_an_mps_resource_gets_no_mps_edits() -> None:
 
 
 def test_every_container_is_answered_on_its_own_in_order() -> None:
-    response = allocate(WHOLE, [[GPU1], [GPU0]], _settings())
+    response = _allocate(WHOLE, [[GPU1], [GPU0]], _settings())
     assert [c.envs["NVIDIA_VISIBLE_DEVICES"] for c in response.container_responses] == [GPU1, GPU0]
-    assert allocate(WHOLE, [], _settings()) == api_pb2.AllocateResponse()
+    assert _allocate(WHOLE, [], _settings()) == api_pb2.AllocateResponse()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -384,8 +396,9 @@ def test_capability_file_without_a_minor_is_refused(tmp_path: Path) -> None:
 
 
 def test_device_specs_need_the_inventory() -> None:
+    without_gpus = AllocationIndex(WHOLE, Inventory(gpus=()))
     with pytest.raises(AllocationError, match=rf"minor number of GPU {GPU0}"):
-        allocate(WHOLE, [[GPU0]], _settings(pass_device_specs=True))
+        allocate(without_gpus, [[GPU0]], _settings(pass_device_specs=True), UnhealthyIds(frozenset()))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -415,41 +428,41 @@ def test_bad_requests_are_refused_naming_the_problem(
     plan: ResourcePlan, ids: list[str], message: str
 ) -> None:
     with pytest.raises(AllocationError, match=message):
-        allocate(plan, [ids], _settings())
+        _allocate(plan, [ids], _settings())
 
 
 def test_the_failing_container_is_named() -> None:
     with pytest.raises(AllocationError, match=r"^container_requests\[1\]: unknown device ID 'x'"):
-        allocate(WHOLE, [[GPU0], ["x"]], _settings())
+        _allocate(WHOLE, [[GPU0], ["x"]], _settings())
 
 
 def test_time_slicing_limits_requests_only_with_fail_requests_greater_than_one() -> None:
     ids = [replica_id(GPU0, 0), replica_id(GPU1, 0)]
-    assert allocate(REPLICAS, [ids], _settings()).container_responses
+    assert _allocate(REPLICAS, [ids], _settings()).container_responses
     strict = ResourcePlan(
         REPLICAS.name, REPLICAS.devices, "time-slicing", replicas=2, fail_requests_greater_than_one=True
     )
     with pytest.raises(AllocationError, match=r"'nvidia.com/gpu.shared: 2' too large"):
-        allocate(strict, [ids], _settings())
-    assert allocate(strict, [[ids[0]]], _settings()).container_responses
+        _allocate(strict, [ids], _settings())
+    assert _allocate(strict, [[ids[0]]], _settings()).container_responses
 
 
 def test_an_unhealthy_replica_is_refused_and_its_siblings_are_not() -> None:
     down = [replica_id(GPU1, 1)]
     with pytest.raises(AllocationError, match=rf"container_requests\[0\]: device '{GPU1}::1' is unhealthy"):
-        allocate(REPLICAS, [[replica_id(GPU1, 1)]], _settings(), unhealthy=down)
-    assert allocate(REPLICAS, [[replica_id(GPU1, 0)]], _settings(), unhealthy=down).container_responses
+        _allocate(REPLICAS, [[replica_id(GPU1, 1)]], _settings(), down=down)
+    assert _allocate(REPLICAS, [[replica_id(GPU1, 0)]], _settings(), down=down).container_responses
 
 
 def test_a_replica_of_an_unhealthy_gpu_is_refused() -> None:
     with pytest.raises(AllocationError, match=rf"device '{GPU1}::0' is unhealthy"):
-        allocate(REPLICAS, [[replica_id(GPU0, 0), replica_id(GPU1, 0)]], _settings(), unhealthy={GPU1})
+        _allocate(REPLICAS, [[replica_id(GPU0, 0), replica_id(GPU1, 0)]], _settings(), down={GPU1})
 
 
 def test_a_mig_device_on_an_unhealthy_gpu_is_refused() -> None:
     with pytest.raises(AllocationError, match=rf"device '{MIG_A}' is unhealthy"):
-        allocate(MIG, [[MIG_A]], _settings(), unhealthy={GPU2})
-    assert allocate(MIG, [[MIG_B]], _settings(), unhealthy={MIG_A}).container_responses
+        _allocate(MIG, [[MIG_A]], _settings(), down={GPU2})
+    assert _allocate(MIG, [[MIG_B]], _settings(), down={MIG_A}).container_responses
 
 
 def test_unhealthy_may_be_any_collection_answering_in() -> None:
@@ -466,23 +479,18 @@ def test_unhealthy_may_be_any_collection_answering_in() -> None:
             raise AssertionError("allocate must not count every unhealthy device")
 
     with pytest.raises(AllocationError, match="is unhealthy"):
-        allocate(WHOLE, [[GPU1]], _settings(), unhealthy=OnlyContains())
+        _allocate(WHOLE, [[GPU1]], _settings(), down=OnlyContains())
 
 
 def test_a_large_resource_allocates_a_full_request() -> None:
     devices = tuple(_gpu(f"GPU-{g:04d}", g, r) for g in range(8) for r in range(100))
     plan = ResourcePlan("nvidia.com/gpu", devices, sharing="time-slicing", replicas=100)
-    index = AllocationIndex(plan)
+    index = AllocationIndex(plan, _inventory())
     ids = [d.id for d in reversed(devices)]
-    response = allocate(plan, [ids], _settings(), unhealthy=frozenset(), index=index)
+    response = allocate(index, [ids], _settings(), UnhealthyIds(frozenset()))
     assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(
         f"GPU-{g:04d}" for g in reversed(range(8))
     )
-
-
-def test_an_index_for_another_plan_is_rejected() -> None:
-    with pytest.raises(ValueError, match=r"built for nvidia\.com/mig-1g\.10gb"):
-        allocate(WHOLE, [[GPU0]], _settings(), index=AllocationIndex(MIG))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -157,15 +157,6 @@ def test_replicas_go_to_the_least_allocated_gpu() -> None:
     assert preferred_allocation(plan, inventory, available, [], 4) == available
 
 
-def test_replicas_spread_by_the_given_counts_when_known() -> None:
-    plan = _replica_plan(gpus=3, replicas=4)
-    available = [d.id for d in plan.devices]
-    counts = {_uuid(0): 5, _uuid(1): 2, _uuid(2): 7}  # from pods kubelet has not reported yet, say
-    assert preferred_allocation(plan, _inventory([0] * 3, {}), available, [], 1, counts) == [
-        replica_id(_uuid(1), 0)
-    ]
-
-
 def _gpus_of(ids: list[str]) -> list[int]:
     return [int(i.split("::")[0].removeprefix("GPU-")) for i in ids]
 

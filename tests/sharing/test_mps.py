@@ -13,10 +13,12 @@ import pytest
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.config.loader import parse_config_text
+from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.errors import AllocationError, ConfigError
+from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
-from nvidia_device_plugin.serving.allocate import AllocationSettings, allocate
+from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 from nvidia_device_plugin.sharing import mps, mps_daemon
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor, daemon_specs
 from nvidia_device_plugin.sharing.readiness import read_status
@@ -37,6 +39,12 @@ def _replica(uuid: str, index: int, replica: int, memory: int = 80 * GIB) -> Adv
 def _mps_plan(name: str = "nvidia.com/gpu", replicas: int = 4) -> ResourcePlan:
     devices = tuple(_replica(u, i, r) for i, u in enumerate((GPU0, GPU1)) for r in range(replicas))
     return ResourcePlan(name, devices, sharing="mps", replicas=replicas)
+
+
+def _allocate(plan: ResourcePlan, requests: list[list[str]]) -> api_pb2.AllocateResponse:
+    """allocate() with the default settings, every device healthy (no device specs: no GPU facts read)."""
+    index = AllocationIndex(plan, Inventory(gpus=()))
+    return allocate(index, requests, AllocationSettings(), UnhealthyIds(()))
 
 
 @pytest.fixture
@@ -130,7 +138,7 @@ def test_several_replicas_of_one_gpu_get_that_many_shares() -> None:
 
 def test_allocate_scales_limits_with_replicas_when_requests_may_exceed_one() -> None:
     plan = _mps_plan(replicas=4)
-    response = allocate(plan, [[replica_id(GPU1, 0), replica_id(GPU1, 2)]], AllocationSettings())
+    response = _allocate(plan, [[replica_id(GPU1, 0), replica_id(GPU1, 2)]])
     envs = response.container_responses[0].envs
     assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
@@ -139,13 +147,13 @@ def test_allocate_scales_limits_with_replicas_when_requests_may_exceed_one() -> 
 
 def test_allocate_refuses_mps_replicas_of_two_gpus_in_one_container() -> None:
     with pytest.raises(AllocationError, match=rf"must be on one GPU .* spans GPU 0 \({GPU0}\), GPU 1"):
-        allocate(_mps_plan(), [[replica_id(GPU0, 0), replica_id(GPU1, 0)]], AllocationSettings())
+        _allocate(_mps_plan(), [[replica_id(GPU0, 0), replica_id(GPU1, 0)]])
 
 
 def test_allocate_honours_fail_requests_greater_than_one_for_mps() -> None:
     plan = replace(_mps_plan(), fail_requests_greater_than_one=True)
     with pytest.raises(AllocationError, match="maximum request size for shared resources is 1"):
-        allocate(plan, [[replica_id(GPU0, 0), replica_id(GPU0, 1)]], AllocationSettings())
+        _allocate(plan, [[replica_id(GPU0, 0), replica_id(GPU0, 1)]])
 
 
 def test_preference_keeps_a_multi_replica_request_on_the_fullest_gpu_that_fits() -> None:

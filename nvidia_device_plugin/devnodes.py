@@ -1,0 +1,97 @@
+"""The host's NVIDIA device nodes: which ones a container of a GPU or MIG device needs, and which exist.
+
+Paths here are the ones a container sees ("/dev/nvidia3"); `under(root, path)` puts one under a host root
+(`nvidiaDevRoot` for a host path, the probe root where this process looks). Allocate (serving/) and the
+CDI specs (cdi/) both read these facts, so a device spec and a CDI device name the same nodes:
+
+* the control nodes /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools and /dev/nvidia-modeset, each
+  given only where it exists (not every node has nvidia-modeset);
+* /dev/nvidia<minor> of each GPU;
+* for a MIG device, the capability nodes /dev/nvidia-caps/nvidia-cap<N> of its GPU instance and compute
+  instance. N comes from discovery (`MigDevice.caps_minors`, read from nvidia-caps/mig-minors) or else
+  from the `DeviceFileMinor:` line of <procRoot>/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]
+  /access;
+* the IMEX channels /dev/nvidia-caps-imex-channels/channel<id> that the config names and the node has.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from pathlib import Path
+
+from nvidia_device_plugin.devices import MigDevice
+from nvidia_device_plugin.errors import AllocationError
+
+CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+MIG_CAPS_DEVICE_DIR = "/dev/nvidia-caps"
+IMEX_CHANNEL_DEVICE_DIR = "/dev/nvidia-caps-imex-channels"
+_MIG_CAPABILITIES_DIR = "driver/nvidia/capabilities"  # under the proc root
+
+
+def under(root: str, path: str) -> str:
+    """`path` (absolute) inside `root`, as Go's filepath.Join(root, path) puts it."""
+    return posixpath.normpath(posixpath.join(root, path.lstrip("/")))
+
+
+def exists(probe_root: str, path: str) -> bool:
+    """Whether the node `path` exists where this process sees the host's / (`probe_root`)."""
+    return Path(under(probe_root, path)).exists()
+
+
+def present_control_nodes(probe_root: str) -> tuple[str, ...]:
+    """The control nodes that exist on this node, in CONTROL_DEVICE_NODES order."""
+    return tuple(node for node in CONTROL_DEVICE_NODES if exists(probe_root, node))
+
+
+def gpu_device_node(minor: int) -> str:
+    return f"/dev/nvidia{minor}"
+
+
+def mig_capability_nodes(mig: MigDevice, gpu_minor: int, proc_root: str) -> tuple[str, str]:
+    """The capability nodes of `mig`'s GPU instance and compute instance (its GPU has `gpu_minor`).
+
+    Raises AllocationError naming the proc file when the minors were not discovered and cannot be read.
+    """
+    if mig.caps_minors is not None:  # resolved at discovery from nvidia-caps/mig-minors
+        gi_minor, ci_minor = mig.caps_minors
+        return _capability_node(gi_minor), _capability_node(ci_minor)
+    gi = posixpath.join(
+        proc_root, _MIG_CAPABILITIES_DIR, f"gpu{gpu_minor}", "mig", f"gi{mig.gpu_instance_id}"
+    )
+    return (
+        mig_capability_device_node(posixpath.join(gi, "access")),
+        mig_capability_device_node(posixpath.join(gi, f"ci{mig.compute_instance_id}", "access")),
+    )
+
+
+def mig_capability_device_node(access_file: str) -> str:
+    """The /dev/nvidia-caps node that grants the capability whose proc `access` file is given."""
+    try:
+        text = Path(access_file).read_text()
+    except OSError as exc:
+        raise AllocationError(
+            f"cannot read MIG capability file {access_file}: {exc.strerror or exc}; "
+            "is MIG configured and /proc/driver/nvidia visible to the plugin?"
+        ) from exc
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "DeviceFileMinor":
+            try:
+                return _capability_node(int(value.strip()))
+            except ValueError:
+                break
+    raise AllocationError(f"MIG capability file {access_file} has no valid 'DeviceFileMinor: <N>' line")
+
+
+def _capability_node(minor: int) -> str:
+    return f"{MIG_CAPS_DEVICE_DIR}/nvidia-cap{minor}"
+
+
+def imex_channel_path(channel_id: int) -> str:
+    return f"{IMEX_CHANNEL_DEVICE_DIR}/channel{channel_id}"
+
+
+def present_imex_channels(channel_ids: Sequence[int], probe_root: str) -> list[str]:
+    """The IMEX channel nodes of `channel_ids` that exist on this node, in that order."""
+    return [path for path in map(imex_channel_path, channel_ids) if exists(probe_root, path)]
