@@ -100,6 +100,18 @@ class FailureLog:
         self._log.log(level, "%s", message, exc_info=exc_info)
         return True
 
+    def report_first(
+        self, key: str, message: str, level: int = logging.WARNING, exc_info: bool = False
+    ) -> bool:
+        """Log `message` only when `key` has no failure yet; True when logged. For a failure many things
+        share (one NVML error code on every GPU): the first one's line speaks for all until `clear`."""
+        with self._lock:
+            if key in self._reasons:
+                return False
+            self._reasons[key] = message
+        self._log.log(level, "%s", message, exc_info=exc_info)
+        return True
+
     def clear(self, key: str) -> bool:
         """Forget `key`'s failure; True when there was one (the caller logs the recovery)."""
         with self._lock:

@@ -38,13 +38,20 @@ JOIN_TIMEOUT_S = 10.0
 
 
 class Worker:
-    """One long-lived thread. Subclass and override `run`, or pass `target` (called with the stop event)."""
+    """One long-lived thread. Subclass and override `run`, or pass `target` (called with the stop event)
+    and, when the target blocks in a wait the stop event cannot end, `interrupt` (called by `wake`)."""
 
     join_timeout_s = JOIN_TIMEOUT_S
 
-    def __init__(self, name: str, target: Callable[[threading.Event], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        target: Callable[[threading.Event], None] | None = None,
+        interrupt: Callable[[], None] | None = None,
+    ) -> None:
         self.name = name
         self._target = target
+        self._interrupt = interrupt
         self._stop_event = threading.Event()
         self._lifecycle = threading.Lock()  # start() against stop(): a thread is joined only once started
         self._started = False
@@ -67,6 +74,8 @@ class Worker:
 
     def wake(self) -> None:
         """Interrupt a wait that the stop event alone does not end (a socket, an NVML event set)."""
+        if self._interrupt is not None:
+            self._interrupt()
 
     def cleanup(self) -> None:
         """Runs once in stop(), after the join (also for a worker never started). Default: nothing."""

@@ -226,6 +226,11 @@ def test_failure_log_logs_each_reason_once_and_clears(caplog: pytest.LogCaptureF
     assert caplog.records[2].levelno == logging.ERROR
     assert caplog.records[3].exc_info is not None
     assert len(failures) == 3 and failures.reason("a") == "a failed: two"
+    assert not failures.report_first("a", "a failed: three")  # a's failure is outstanding
     assert failures.clear("a") and not failures.clear("a")
     assert failures.clear_all() and not failures.clear_all()
     assert len(failures) == 0 and failures.reason("b") is None
+    with caplog.at_level(logging.INFO, logger="test.failures"):
+        assert failures.report_first("gpu", "GPU 0 failed")
+        assert not failures.report_first("gpu", "GPU 1 failed")  # the first line speaks for both
+    assert caplog.records[-1].getMessage() == "GPU 0 failed"
