@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
 from nvidia_device_plugin.sharing.mps import (
@@ -34,6 +35,7 @@ from nvidia_device_plugin.sharing.mps import (
     replica_counts,
 )
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +114,7 @@ class _DaemonState:
     published: GpuMpsStatus | None = None  # what the status file says now
 
 
-class MpsDaemonSupervisor:
+class MpsDaemonSupervisor(Worker):
     """Keeps one MPS control daemon running per GPU it is given, restarting dead ones, publishing readiness.
 
     `nvidia-cuda-mps-control -d` forks the daemon and returns, so the daemon is not our child. It is
@@ -122,8 +124,9 @@ class MpsDaemonSupervisor:
     `update(specs)` says which daemons are wanted: new ones start, kept ones keep running (their client
     defaults are sent again if the limits changed), and only the ones no longer wanted get `quit`, as
     `echo quit | nvidia-cuda-mps-control` does. `stop()` never quits a daemon: clients keep running while
-    the supervisor is away. `prepare` runs before a GPU's daemon is started or adopted (compute mode),
-    `release` after it was quit; either raises DevicePluginError to say it failed.
+    the supervisor is away, and the status files keep saying what they said. `prepare` runs before a
+    GPU's daemon is started or adopted (compute mode), `release` after it was quit; either raises
+    DevicePluginError to say it failed. The checks run on the supervisor's thread ("mps-supervisor").
     """
 
     def __init__(
@@ -139,6 +142,9 @@ class MpsDaemonSupervisor:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
     ) -> None:
+        super().__init__("mps-supervisor")
+        # One check may run three control commands; stop() waits that long, not forever.
+        self.join_timeout_s = 3 * command_timeout_s + 5.0
         self._states: dict[str, _DaemonState] = {}  # by pipe directory
         self._control_path = control_path
         self._prepare = prepare
@@ -150,10 +156,8 @@ class MpsDaemonSupervisor:
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._lock = threading.Lock()  # one state is checked, or the wanted set changed, at a time
-        self._stop = threading.Event()
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_check_failure: dict[str, str] = {}  # per pipe dir: the failure last logged
+        self._check_failures = FailureLog(log)  # by pipe dir: a check that raised
 
     def update(self, specs: Sequence[MpsDaemonSpec]) -> None:
         """Supervise exactly `specs` from now on; quit (and release) the daemons no longer wanted."""
@@ -177,27 +181,15 @@ class MpsDaemonSupervisor:
         with self._lock:
             return {s.spec.gpu_uuid: s.published for s in self._states.values()}
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop supervising. The daemons keep running, and their status files keep saying what they said."""
-        self._stop.set()
+    def wake(self) -> None:
         self._wake.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             with self._lock:
                 states = list(self._states.values())
             for state in states:
-                if self._stop.is_set():
+                if stop.is_set():
                     return
                 with self._lock:
                     if self._states.get(state.spec.pipe_dir) is state:
@@ -209,10 +201,13 @@ class MpsDaemonSupervisor:
             self._wake.clear()
 
     def _check_failed(self, state: _DaemonState, exc: Exception) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        if reason != self._last_check_failure.get(state.spec.pipe_dir):
-            self._last_check_failure[state.spec.pipe_dir] = reason
-            log.exception("checking the MPS control daemon for %s failed; retrying", state.spec.label)
+        self._check_failures.report(
+            state.spec.pipe_dir,
+            f"checking the MPS control daemon for {state.spec.label} failed "
+            f"({type(exc).__name__}: {exc}); retrying",
+            logging.ERROR,
+            exc_info=True,
+        )
         self._failed(state, time.monotonic())
 
     def _check(self, state: _DaemonState) -> None:
@@ -290,6 +285,7 @@ class MpsDaemonSupervisor:
     def _retire(self, state: _DaemonState) -> None:
         """Quit a daemon that is no longer wanted, give its GPU back, and withdraw its status file."""
         spec = state.spec
+        self._check_failures.clear(spec.pipe_dir)
         Path(spec.status_path).unlink(missing_ok=True)  # first, so no client is sent to a daemon going away
         pid = running_pid(spec.pipe_dir)
         if pid is not None:
@@ -330,7 +326,7 @@ class MpsDaemonSupervisor:
             pid = running_pid(spec.pipe_dir)
             if pid is not None:
                 return pid, ""
-            if self._stop.wait(0.02):
+            if self.stopping.wait(0.02):
                 return None, "supervisor stopping"  # a successor adopts it if it came up
             if time.monotonic() >= deadline:
                 break
