@@ -98,10 +98,6 @@ def daemon_specs(plan: ResourcePlan, mps_root: str) -> tuple[MpsDaemonSpec, ...]
 Hook = Callable[[MpsDaemonSpec], None]
 
 
-def _no_hook(spec: MpsDaemonSpec) -> None:
-    return None
-
-
 @dataclass
 class _DaemonState:
     spec: MpsDaemonSpec
@@ -133,8 +129,8 @@ class MpsDaemonSupervisor(Worker):
         self,
         *,
         control_path: str = CONTROL_EXECUTABLE,
-        prepare: Hook = _no_hook,
-        release: Hook = _no_hook,
+        prepare: Hook = lambda spec: None,
+        release: Hook = lambda spec: None,
         base_env: Mapping[str, str] | None = None,
         check_interval_s: float = 1.0,
         start_timeout_s: float = 10.0,
@@ -143,8 +139,7 @@ class MpsDaemonSupervisor(Worker):
         backoff_max_s: float = 60.0,
     ) -> None:
         super().__init__("mps-supervisor")
-        # One check may run three control commands; stop() waits that long, not forever.
-        self.join_timeout_s = 3 * command_timeout_s + 5.0
+        self.join_timeout_s = 3 * command_timeout_s + 5.0  # a check runs up to three control commands
         self._states: dict[str, _DaemonState] = {}  # by pipe directory
         self._control_path = control_path
         self._prepare = prepare
@@ -157,7 +152,7 @@ class MpsDaemonSupervisor(Worker):
         self._backoff_max_s = backoff_max_s
         self._lock = threading.Lock()  # one state is checked, or the wanted set changed, at a time
         self._wake = threading.Event()
-        self._check_failures = FailureLog(log)  # by pipe dir: a check that raised
+        self._failures = FailureLog(log)  # a check that raised, a status file not written; per pipe dir
 
     def update(self, specs: Sequence[MpsDaemonSpec]) -> None:
         """Supervise exactly `specs` from now on; quit (and release) the daemons no longer wanted."""
@@ -201,8 +196,8 @@ class MpsDaemonSupervisor(Worker):
             self._wake.clear()
 
     def _check_failed(self, state: _DaemonState, exc: Exception) -> None:
-        self._check_failures.report(
-            state.spec.pipe_dir,
+        self._failures.report(
+            f"check {state.spec.pipe_dir}",
             f"checking the MPS control daemon for {state.spec.label} failed "
             f"({type(exc).__name__}: {exc}); retrying",
             logging.ERROR,
@@ -277,15 +272,20 @@ class MpsDaemonSupervisor(Worker):
             return
         try:
             write_status(spec.status_path, status)
-        except OSError as exc:
-            log.error("MPS control daemon for %s: cannot write %s: %s", spec.label, spec.status_path, exc)
+        except OSError as exc:  # tried again at every check: logged once per reason
+            why = f"cannot write {spec.status_path}: {exc.strerror or exc}"
+            self._failures.report(
+                f"publish {spec.pipe_dir}", f"MPS control daemon for {spec.label}: {why}", logging.ERROR
+            )
             return
+        self._failures.clear(f"publish {spec.pipe_dir}")
         state.published = status
 
     def _retire(self, state: _DaemonState) -> None:
         """Quit a daemon that is no longer wanted, give its GPU back, and withdraw its status file."""
         spec = state.spec
-        self._check_failures.clear(spec.pipe_dir)
+        self._failures.clear(f"check {spec.pipe_dir}")
+        self._failures.clear(f"publish {spec.pipe_dir}")
         Path(spec.status_path).unlink(missing_ok=True)  # first, so no client is sent to a daemon going away
         pid = running_pid(spec.pipe_dir)
         if pid is not None:
