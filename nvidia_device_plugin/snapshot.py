@@ -225,9 +225,7 @@ class SnapshotFollower:
             if old is None or session is None:
                 return False  # nothing served yet (still starting, or NVML never opened)
             try:
-                snapshot = self._check(
-                    build_snapshot(session, self._load_config(), previous=old.inventory)
-                )
+                snapshot = self._check(build_snapshot(session, self._load_config(), previous=old.inventory))
             except Exception as exc:  # whatever went wrong, the last good snapshot stays
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
                 log.error("config reload (%s) rejected, %s: %s", reason, self._kept, message)
