@@ -97,7 +97,7 @@ class FailureLog:
             if self._reasons.get(key) == message:
                 return False
             self._reasons[key] = message
-        self._log.log(level, "%s", message, exc_info=exc_info)
+        self._log.log(level, "%s", message, exc_info=exc_info or None)  # None, not False, when not asked
         return True
 
     def report_first(
@@ -109,7 +109,7 @@ class FailureLog:
             if key in self._reasons:
                 return False
             self._reasons[key] = message
-        self._log.log(level, "%s", message, exc_info=exc_info)
+        self._log.log(level, "%s", message, exc_info=exc_info or None)  # None, not False, when not asked
         return True
 
     def clear(self, key: str) -> bool:

@@ -224,6 +224,7 @@ def test_failure_log_logs_each_reason_once_and_clears(caplog: pytest.LogCaptureF
         "c failed",
     ]
     assert caplog.records[2].levelno == logging.ERROR
+    assert caplog.records[2].exc_info is None  # as a plain log call leaves it
     assert caplog.records[3].exc_info is not None
     assert len(failures) == 3 and failures.reason("a") == "a failed: two"
     assert not failures.report_first("a", "a failed: three")  # a's failure is outstanding
