@@ -16,7 +16,8 @@ from typing import Any
 
 from bench.figures import Figure, render_table
 from bench.procs import BENCH_DIR
-from bench.scenarios import FULL, QUICK, SCENARIOS, Budget
+from bench.sampling import FULL, QUICK, Budget
+from bench.scenarios import SCENARIOS
 
 IDLE_SECONDS_ENV = "NVDP_BENCH_IDLE_SECONDS"
 

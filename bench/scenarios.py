@@ -1,7 +1,5 @@
-"""The measurements. Each scenario spawns what it measures, returns Figures, and cleans up after itself.
-
-Latencies are taken in this process around real gRPC calls over unix sockets, interleaved in chunks with
-the reference so that drift (CPU frequency, a noisy neighbour) hits both alike.
+"""The measurements, by name (SCENARIOS). Each scenario spawns what it measures, returns Figures, and
+cleans up after itself. The call-latency scenarios are in latency.py; sample counts in sampling.py.
 """
 
 from __future__ import annotations
@@ -13,13 +11,10 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import grpc
-
-from bench.figures import Figure, figure, p99_within, worst_under
+from bench.figures import Figure, figure, worst_under
+from bench.latency import GPU, MIG_1G, allocate_latency, preferred_latency, spread
 from bench.procs import (
     BenchError,
     DaemonProcess,
@@ -33,190 +28,18 @@ from bench.procs import (
     short_tmp_dir,
     timed_command,
 )
+from bench.sampling import MS, Budget, in_ms
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
-from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
 from nvidia_device_plugin.cli.planview import plan_to_json
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resources import build_resources
+from nvidia_device_plugin.resource_plans import build_resources
 from nvidia_device_plugin.snapshot import build_snapshot
 
-GPU = "nvidia.com/gpu"
-MIG_1G = "nvidia.com/mig-1g.10gb"
-MS = 1000.0
 KUBELET_RECEIVE_LIMIT = 4 * 1024 * 1024  # kubelet dials plugins without MaxCallRecvMsgSize: grpc-go's default
-FLOOR = "bare grpcio"
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How many samples each scenario takes; `python -m bench --quick` uses QUICK."""
-
-    allocate_calls: int = 2000
-    preferred_calls: int = 300
-    health_injections: int = 20
-    restarts: int = 10
-    spawns: int = 5
-    memory_calls: int = 10_000
-    idle_seconds: float = 30.0
-    plan_runs: int = 5
-    warmup: int = 50
-
-    def capped(self, n: int) -> Budget:
-        """Every count at most n (at least 1): the smoke test's tiny mode."""
-        n = max(1, n)
-        return Budget(
-            allocate_calls=min(self.allocate_calls, n),
-            preferred_calls=min(self.preferred_calls, n),
-            health_injections=min(self.health_injections, n),
-            restarts=min(self.restarts, n),
-            spawns=min(self.spawns, n),
-            memory_calls=min(self.memory_calls, n),
-            idle_seconds=min(self.idle_seconds, float(n)),
-            plan_runs=min(self.plan_runs, n),
-            warmup=min(self.warmup, n),
-        )
-
-
-FULL = Budget()
-QUICK = Budget(
-    allocate_calls=200,
-    preferred_calls=30,
-    health_injections=4,
-    restarts=3,
-    spawns=1,
-    memory_calls=500,
-    idle_seconds=3.0,
-    plan_runs=1,
-    warmup=10,
-)
-
-
-def interleaved(calls: Sequence[Callable[[], object]], total: int, chunk: int = 50) -> list[list[float]]:
-    """Seconds per call for each of `calls`, `total` each, run in alternating chunks."""
-    samples: list[list[float]] = [[] for _ in calls]
-    clock = time.perf_counter
-    done = 0
-    while done < total:
-        n = min(chunk, total - done)
-        for call, out in zip(calls, samples, strict=True):
-            for _ in range(n):
-                started = clock()
-                call()
-                out.append(clock() - started)
-        done += n
-    return samples
-
-
-def _ms(samples: Sequence[float]) -> list[float]:
-    return [s * MS for s in samples]
-
-
-def _spread(ids: Sequence[str], n: int, physical: int) -> list[str]:
-    """n IDs on n different physical devices where the resource has replicas (IDs are in physical order)."""
-    stride = max(1, len(ids) // physical)
-    return list(ids[::stride][:n])
-
-
-# ---- Allocate and GetPreferredAllocation ----------------------------------------------------------------
-
-
-def allocate_latency(budget: Budget) -> list[Figure]:
-    figures: list[Figure] = []
-    cases = (
-        (None, "whole", "of 8 whole GPUs"),
-        ("time-slicing-100", "replicas", "of 800 time-sliced replicas"),
-    )
-    with echo_server() as echo, grpc.insecure_channel(f"unix:{echo.socket}") as channel:
-        floor = pb_grpc.DevicePluginStub(channel)
-        for config, key, label in cases:
-            with daemon_process("dgx-a100", config) as daemon:
-                ids = [d.id for d in daemon.plans[0].devices]
-                stub = daemon.kubelet.plugin(GPU).stub
-                for n in (1, 2, 8):
-                    chosen = _spread(ids, n, 8)
-                    request = pb.AllocateRequest(
-                        container_requests=[pb.ContainerAllocateRequest(devices_ids=chosen)]
-                    )
-                    response = stub.Allocate(request, timeout=5)
-                    visible = response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"]
-                    if len(visible.split(",")) != n:
-                        raise BenchError(f"Allocate of {chosen} answered NVIDIA_VISIBLE_DEVICES={visible}")
-
-                    def ours(request: pb.AllocateRequest = request, stub: Any = stub) -> object:
-                        return stub.Allocate(request, timeout=5)
-
-                    def bare(request: pb.AllocateRequest = request) -> object:
-                        return floor.Allocate(request, timeout=5)
-
-                    interleaved([ours, bare], budget.warmup)
-                    plugin_s, floor_s = interleaved([ours, bare], budget.allocate_calls)
-                    figures.append(
-                        figure(
-                            f"allocate.{key}.{n}",
-                            f"Allocate {n} {label}",
-                            "ms",
-                            _ms(plugin_s),
-                            (f"{FLOOR} Allocate", _ms(floor_s)),
-                            p99_within(3),
-                        )
-                    )
-    return figures
-
-
-def preferred_latency(budget: Budget) -> list[Figure]:
-    figures: list[Figure] = []
-    cases = (
-        ("nvswitch-16", None, GPU, 8, "8 of 16 GPUs on NVSwitch", budget.preferred_calls),
-        ("mixed-nvlink-16", None, GPU, 8, "8 of 16 GPUs, mixed NVLink", budget.preferred_calls),
-        ("dgx-a100", "time-slicing-100", GPU, 4, "4 of 800 replicas", budget.preferred_calls),
-        (
-            "a100-8x7-mig",
-            "mig-1g-time-slicing-100",
-            MIG_1G,
-            4,
-            "4 of 5,600 MIG replicas",
-            budget.preferred_calls // 5,
-        ),
-    )
-    with echo_server() as echo, grpc.insecure_channel(f"unix:{echo.socket}") as channel:
-        floor = pb_grpc.DevicePluginStub(channel)
-        for node, config, resource, size, label, calls in cases:
-            with daemon_process(node, config) as daemon:
-                plan = next(p for p in daemon.plans if p.name == resource)
-                request = pb.PreferredAllocationRequest(
-                    container_requests=[
-                        pb.ContainerPreferredAllocationRequest(
-                            available_deviceIDs=[d.id for d in plan.devices], allocation_size=size
-                        )
-                    ]
-                )
-                stub = daemon.kubelet.plugin(resource).stub
-                answer = stub.GetPreferredAllocation(request, timeout=30)
-                if len(answer.container_responses[0].deviceIDs) != size:
-                    raise BenchError(f"GetPreferredAllocation {label} answered {answer}")
-
-                def ours(request: pb.PreferredAllocationRequest = request, stub: Any = stub) -> object:
-                    return stub.GetPreferredAllocation(request, timeout=30)
-
-                def bare(request: pb.PreferredAllocationRequest = request) -> object:
-                    return floor.GetPreferredAllocation(request, timeout=30)
-
-                interleaved([ours, bare], min(budget.warmup, max(1, calls)))
-                plugin_s, floor_s = interleaved([ours, bare], max(1, calls), chunk=10)
-                figures.append(
-                    figure(
-                        f"preferred.{node}.{size}",
-                        f"GetPreferredAllocation {label}",
-                        "ms",
-                        _ms(plugin_s),
-                        (f"{FLOOR} GetPreferredAllocation", _ms(floor_s)),
-                    )
-                )
-    return figures
 
 
 # ---- health propagation ------------------------------------------------------------------------------------
@@ -236,12 +59,12 @@ def health_propagation(budget: Budget) -> list[Figure]:
     order = _injection_order(budget.health_injections)
     with daemon_process(HEALTH_NODE, events=True) as daemon:
         uuids = [d.physical_uuid for d in daemon.plans[0].devices]
-        through_file = _ms(
+        through_file = in_ms(
             _propagate(
                 daemon.kubelet, uuids, order, lambda i: daemon.inject(json.dumps({"gpu": i, "xid": 79}))
             )
         )
-    in_process = _ms(_health_in_process(order))
+    in_process = in_ms(_health_in_process(order))
     return [
         figure(
             "health.events_file",
@@ -338,7 +161,7 @@ def reregistration(budget: Budget) -> list[Figure]:
                     f"reregister.{node}",
                     f"Re-registration after kubelet restart, {label}",
                     "ms",
-                    _ms(samples),
+                    in_ms(samples),
                     target=worst_under(1000, "ms"),
                 )
             )
@@ -420,7 +243,7 @@ def _allocate_many(daemon: DaemonProcess, calls: int) -> None:
     ids = [d.id for d in daemon.plans[0].devices]
     stub = daemon.kubelet.plugin(daemon.plans[0].name).stub
     for n in range(calls):
-        chosen = [ids[n % len(ids)]] if n % 10 else _spread(ids[n % 100 :], 8, 8)
+        chosen = [ids[n % len(ids)]] if n % 10 else spread(ids[n % 100 :], 8, 8)
         stub.Allocate(
             pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=chosen)]),
             timeout=5,

@@ -46,7 +46,7 @@ from nvidia_device_plugin.sharing.readiness import (
     ReadinessChange,
 )
 from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
-from nvidia_device_plugin.workers import Lifecycle, Worker, WorkerGroup
+from nvidia_device_plugin.workers import Worker, WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class DaemonOptions:
     # names (configmanager.inprocess.NodeLabelConfig); its start makes the first choice or raises.
     node_config: Worker | None = None
     # --simulate-events: drives the simulated NVML `open_nvml` returns (nvml.sim.events).
-    simulated_events: Lifecycle | None = None
+    simulated_events: Worker | None = None
 
 
 class Daemon:

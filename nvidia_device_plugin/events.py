@@ -5,15 +5,18 @@ Every producer (gRPC servers, the registrar, the health monitor, the daemon's re
 checks for a missing listener. Methods are called on gRPC, registrar, health and watcher threads: an
 implementation must be thread-safe, must not block, and must not raise (a raise is the producer's bug
 report, not a way to veto anything).
+
+`Events` extends the plugin framework's own `PluginEvents` (plugin/events.py: a call answered, registered,
+kubelet restarted) with what the GPU side reports, so the framework is handed it without knowing the rest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-CallMethod = Literal["Allocate", "GetPreferredAllocation"]  # the unary kubelet calls that are counted
-CallError = Literal["invalid_argument", "internal"]
+from nvidia_device_plugin.plugin.events import CallError as CallError
+from nvidia_device_plugin.plugin.events import CallMethod as CallMethod
+from nvidia_device_plugin.plugin.events import PluginEvents
 
 
 @dataclass(frozen=True)
@@ -26,23 +29,11 @@ class HealthChange:
     xid: int | None = None
 
 
-class Events:
-    """Receives what happens in the daemon. This base class ignores everything; override what you count."""
+class Events(PluginEvents):
+    """Receives what happens in the daemon. This base class ignores everything; override what you count.
 
-    def call_answered(
-        self,
-        resource: str,
-        method: CallMethod,
-        seconds: float,
-        error: CallError | None,
-    ) -> None:
-        """A unary kubelet call on `resource` finished (error None: answered successfully)."""
-
-    def registered(self, resource: str) -> None:
-        """`resource` was registered with kubelet (at start, after a kubelet restart, or a rebind)."""
-
-    def kubelet_restarted(self) -> None:
-        """Kubelet re-created its registration socket."""
+    call_answered, registered and kubelet_restarted come from PluginEvents (the plugin framework's).
+    """
 
     def config_reloaded(self, applied: bool, error: str) -> None:
         """A config reload was applied, or rejected with `error` (the previous config keeps serving)."""

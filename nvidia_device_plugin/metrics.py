@@ -17,7 +17,7 @@ import logging
 import platform
 from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
-from typing import Protocol, get_args
+from typing import TYPE_CHECKING, Protocol, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -25,13 +25,15 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from nvidia_device_plugin import __version__
-from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import CallError, CallMethod, Events, HealthChange
 from nvidia_device_plugin.health.policy import known_xid
-from nvidia_device_plugin.health.registry import HealthRegistry
-from nvidia_device_plugin.plugin.manager import PluginManager
-from nvidia_device_plugin.resources import ResourcePlan
+
+if TYPE_CHECKING:  # only named in annotations: the daemon hands over these objects
+    from nvidia_device_plugin.config.v1 import Config
+    from nvidia_device_plugin.devices import Inventory
+    from nvidia_device_plugin.health.registry import HealthRegistry
+    from nvidia_device_plugin.plugin.manager import PluginManager
+    from nvidia_device_plugin.resources import ResourcePlan
 
 log = logging.getLogger(__name__)
 
@@ -77,93 +79,101 @@ class DaemonMetrics(Events):
     Every method runs on gRPC, registrar, health or watcher threads and only updates a counter.
     """
 
+    registry: CollectorRegistry
+    mig_violations: Counter
+    # kubelet's calls, by resource
+    allocations: Counter
+    allocate_errors: Counter
+    allocate_seconds: Histogram
+    preferred_errors: Counter
+    preferred_seconds: Histogram
+    # what happened on the node and to the daemon
+    xids: Counter
+    health_changes: Counter
+    registrations: Counter
+    kubelet_restarts: Counter
+    reloads: Counter
+    mps_readiness_changes: Counter
+
     def __init__(self, daemon: DaemonView) -> None:
         self.registry = CollectorRegistry()
-        registry = self.registry
         Info(
-            PREFIX + "build", "Version of this plugin and of the Python running it.", registry=registry
+            PREFIX + "build", "Version of this plugin and of the Python running it.", registry=self.registry
         ).info({"version": __version__, "python_version": platform.python_version()})
-        self.mig_violations = Counter(
-            PREFIX + "mig_strategy_violations",
+        self.mig_violations = self._counter(
+            "mig_strategy_violations",
             "GPUs left out of the advertised resources because they break flags.migStrategy, counted at "
             "each start or reload that found them, by GPU and strategy.",
             ["gpu", "strategy"],
-            registry=registry,
         )
-        self.allocations = Counter(
-            PREFIX + "allocations",
-            "Allocate calls answered successfully, by resource.",
-            ["resource"],
-            registry=registry,
-        )
-        self.allocate_errors = Counter(
-            PREFIX + "allocate_errors",
-            "Allocate calls refused (invalid_argument) or failed (internal), by resource.",
-            ["resource", "code"],
-            registry=registry,
-        )
-        self.allocate_seconds = Histogram(
-            PREFIX + "allocate_duration_seconds",
-            "Time to answer an Allocate call, successful or not, by resource.",
-            ["resource"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.preferred_errors = Counter(
-            PREFIX + "preferred_allocation_errors",
-            "GetPreferredAllocation calls refused (invalid_argument) or failed (internal), by resource.",
-            ["resource", "code"],
-            registry=registry,
-        )
-        self.preferred_seconds = Histogram(
-            PREFIX + "preferred_allocation_duration_seconds",
-            "Time to answer a GetPreferredAllocation call, successful or not, by resource.",
-            ["resource"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.xids = Counter(
-            PREFIX + "xid_events",
-            'XID events from NVML, by GPU and XID (known XIDs by number, others as xid="other"); '
-            "critical=true when the event made a device unhealthy.",
-            ["gpu_uuid", "xid", "critical"],
-            registry=registry,
-        )
-        self.health_changes = Counter(
-            PREFIX + "device_health_changes",
-            "Physical devices (GPU or MIG) that turned unhealthy or healthy again.",
-            ["health"],
-            registry=registry,
-        )
-        self.registrations = Counter(
-            PREFIX + "registrations",
-            "Successful registrations with kubelet, by resource (one per start, kubelet restart or rebind).",
-            ["resource"],
-            registry=registry,
-        )
-        self.kubelet_restarts = Counter(
-            PREFIX + "kubelet_restarts",
-            "Times kubelet re-created its registration socket (a kubelet restart).",
-            registry=registry,
-        )
-        self.reloads = Counter(
-            PREFIX + "config_reloads",
-            "Config reloads, by result: applied, or rejected (the previous config keeps being served).",
-            ["result"],
-            registry=registry,
-        )
-        self.mps_readiness_changes = Counter(
-            PREFIX + "mps_readiness_changes",
-            "MPS control daemon readiness readings that changed (and first readings), by GPU and new state.",
-            ["gpu_uuid", "ready"],
-            registry=registry,
-        )
+        self._add_call_metrics()
+        self._add_event_counters()
         for health in ("healthy", "unhealthy"):
             self.health_changes.labels(health)
         for result in ("applied", "rejected"):
             self.reloads.labels(result)
+        self.registry.register(_StateCollector(daemon))
 
-        registry.register(_StateCollector(daemon))
+    def _counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(PREFIX + name, documentation, labels, registry=self.registry)
+
+    def _latency(self, name: str, documentation: str) -> Histogram:
+        return Histogram(
+            PREFIX + name, documentation, ["resource"], buckets=LATENCY_BUCKETS, registry=self.registry
+        )
+
+    def _add_call_metrics(self) -> None:
+        self.allocations = self._counter(
+            "allocations", "Allocate calls answered successfully, by resource.", ["resource"]
+        )
+        self.allocate_errors = self._counter(
+            "allocate_errors",
+            "Allocate calls refused (invalid_argument) or failed (internal), by resource.",
+            ["resource", "code"],
+        )
+        self.allocate_seconds = self._latency(
+            "allocate_duration_seconds", "Time to answer an Allocate call, successful or not, by resource."
+        )
+        self.preferred_errors = self._counter(
+            "preferred_allocation_errors",
+            "GetPreferredAllocation calls refused (invalid_argument) or failed (internal), by resource.",
+            ["resource", "code"],
+        )
+        self.preferred_seconds = self._latency(
+            "preferred_allocation_duration_seconds",
+            "Time to answer a GetPreferredAllocation call, successful or not, by resource.",
+        )
+
+    def _add_event_counters(self) -> None:
+        self.xids = self._counter(
+            "xid_events",
+            'XID events from NVML, by GPU and XID (known XIDs by number, others as xid="other"); '
+            "critical=true when the event made a device unhealthy.",
+            ["gpu_uuid", "xid", "critical"],
+        )
+        self.health_changes = self._counter(
+            "device_health_changes",
+            "Physical devices (GPU or MIG) that turned unhealthy or healthy again.",
+            ["health"],
+        )
+        self.registrations = self._counter(
+            "registrations",
+            "Successful registrations with kubelet, by resource (one per start, kubelet restart or rebind).",
+            ["resource"],
+        )
+        self.kubelet_restarts = self._counter(
+            "kubelet_restarts", "Times kubelet re-created its registration socket (a kubelet restart)."
+        )
+        self.reloads = self._counter(
+            "config_reloads",
+            "Config reloads, by result: applied, or rejected (the previous config keeps being served).",
+            ["result"],
+        )
+        self.mps_readiness_changes = self._counter(
+            "mps_readiness_changes",
+            "MPS control daemon readiness readings that changed (and first readings), by GPU and new state.",
+            ["gpu_uuid", "ready"],
+        )
 
     def render(self, accept: str) -> tuple[bytes, str]:
         """The exposition for an HTTP Accept header: (body, content type)."""
@@ -234,95 +244,87 @@ class _StateCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         daemon = self._daemon
         snapshot = daemon.snapshot
-        plans: Sequence[ResourcePlan] = snapshot.plans if snapshot is not None else ()
-        health = daemon.registry
-
-        devices = GaugeMetricFamily(
-            PREFIX + "devices",
-            "Device IDs advertised to kubelet (replicas count one each), by resource and health.",
-            labels=["resource", "health"],
-        )
-        replicas = GaugeMetricFamily(
-            PREFIX + "replicas",
-            "Device IDs a shared resource advertises on one physical GPU (replicas x its devices there).",
-            labels=["resource", "gpu_uuid"],
-        )
-        for plan in plans:
-            healthy = sum(1 for dev in plan.devices if health.is_healthy(dev))
-            devices.add_metric([plan.name, "healthy"], healthy)
-            devices.add_metric([plan.name, "unhealthy"], len(plan.devices) - healthy)
-            if plan.sharing != "none":
-                per_gpu = Tally(dev.gpu_uuid for dev in plan.devices)
-                for gpu_uuid, count in sorted(per_gpu.items()):
-                    replicas.add_metric([plan.name, gpu_uuid], count)
-        yield devices
-        yield replicas
-
-        gpus = GaugeMetricFamily(
-            PREFIX + "gpus", "Physical GPUs discovered, by product name.", labels=["model"]
-        )
-        mig = GaugeMetricFamily(
-            PREFIX + "mig_devices", "MIG devices discovered, by MIG profile.", labels=["profile"]
-        )
-        driver = GaugeMetricFamily(
-            PREFIX + "driver_info",
-            "The NVIDIA driver in use (value 1); absent until NVML has been read.",
-            labels=["driver_version", "cuda_driver_version"],
-        )
-        if snapshot is not None:
-            inventory = snapshot.inventory
-            for model, count in sorted(Tally(gpu.name for gpu in inventory.gpus).items()):
-                gpus.add_metric([model], count)
-            profiles = Tally(m.profile for gpu in inventory.gpus for m in gpu.mig_devices)
-            for profile, count in sorted(profiles.items()):
-                mig.add_metric([profile], count)
-            driver.add_metric([inventory.driver_version, _cuda_version(inventory.cuda_driver_version)], 1)
-        yield gpus
-        yield mig
-        yield driver
-
-        unknown_keys = GaugeMetricFamily(
-            PREFIX + "config_unknown_keys",
-            "1 for each key of the served config that this plugin does not know and ignores (check-config "
-            "refuses them; NVIDIA ignores them silently).",
-            labels=["key"],
-        )
-        for key in sorted(set(snapshot.config.unknown_keys) if snapshot is not None else ()):
-            unknown_keys.add_metric([key], 1)
-        yield unknown_keys
-
-        unhealthy = GaugeMetricFamily(
-            PREFIX + "unhealthy_device",
-            "1 for each physical device (GPU or MIG) kept out of service, with the reason it was taken out.",
-            labels=["uuid", "gpu_uuid", "reason"],
-        )
-        for uuid, reason in sorted(health.unhealthy().items()):
-            unhealthy.add_metric([uuid, _gpu_of(uuid, snapshot), reason], 1)
-        yield unhealthy
-
-        registered = GaugeMetricFamily(
-            PREFIX + "resource_registered",
-            "1 when a served resource is registered with kubelet, 0 while it waits to be.",
-            labels=["resource"],
-        )
-        done = daemon.manager.registered()
-        for name in sorted(daemon.manager.served()):
-            registered.add_metric([name], 1 if name in done else 0)
-        yield registered
+        yield from _device_gauges(snapshot.plans if snapshot is not None else (), daemon.registry)
+        yield from _inventory_gauges(snapshot.inventory if snapshot is not None else None)
+        yield _unknown_keys_gauge(snapshot.config if snapshot is not None else None)
+        yield _unhealthy_gauge(daemon.registry, snapshot.inventory if snapshot is not None else None)
+        yield _registered_gauge(daemon.manager)
 
 
-def _gpu_of(uuid: str, snapshot: SnapshotView | None) -> str:
-    """The physical GPU behind a GPU or MIG UUID ("" when the inventory does not know it)."""
-    if snapshot is None:
-        return ""
-    mig = snapshot.inventory.mig_device(uuid)
-    if mig is not None:
-        return mig.parent_uuid
-    return uuid if snapshot.inventory.gpu(uuid) is not None else ""
+def _device_gauges(plans: Sequence[ResourcePlan], health: HealthRegistry) -> Iterable[Metric]:
+    devices = GaugeMetricFamily(
+        PREFIX + "devices",
+        "Device IDs advertised to kubelet (replicas count one each), by resource and health.",
+        labels=["resource", "health"],
+    )
+    replicas = GaugeMetricFamily(
+        PREFIX + "replicas",
+        "Device IDs a shared resource advertises on one physical GPU (replicas x its devices there).",
+        labels=["resource", "gpu_uuid"],
+    )
+    for plan in plans:
+        healthy = sum(1 for dev in plan.devices if health.is_healthy(dev))
+        devices.add_metric([plan.name, "healthy"], healthy)
+        devices.add_metric([plan.name, "unhealthy"], len(plan.devices) - healthy)
+        if plan.sharing != "none":
+            per_gpu = Tally(dev.gpu_uuid for dev in plan.devices)
+            for gpu_uuid, count in sorted(per_gpu.items()):
+                replicas.add_metric([plan.name, gpu_uuid], count)
+    return devices, replicas
 
 
-def _cuda_version(encoded: int) -> str:
-    """NVML's CUDA driver version (major * 1000 + minor * 10) as "12.4"; "" when unknown."""
-    if encoded <= 0:
-        return ""
-    return f"{encoded // 1000}.{encoded % 1000 // 10}"
+def _inventory_gauges(inventory: Inventory | None) -> Iterable[Metric]:
+    gpus = GaugeMetricFamily(PREFIX + "gpus", "Physical GPUs discovered, by product name.", labels=["model"])
+    mig = GaugeMetricFamily(
+        PREFIX + "mig_devices", "MIG devices discovered, by MIG profile.", labels=["profile"]
+    )
+    driver = GaugeMetricFamily(
+        PREFIX + "driver_info",
+        "The NVIDIA driver in use (value 1); absent until NVML has been read.",
+        labels=["driver_version", "cuda_driver_version"],
+    )
+    if inventory is not None:
+        for model, count in sorted(Tally(gpu.name for gpu in inventory.gpus).items()):
+            gpus.add_metric([model], count)
+        profiles = Tally(m.profile for gpu in inventory.gpus for m in gpu.mig_devices)
+        for profile, count in sorted(profiles.items()):
+            mig.add_metric([profile], count)
+        cuda = inventory.cuda_version
+        driver.add_metric([inventory.driver_version, f"{cuda[0]}.{cuda[1]}" if cuda else ""], 1)
+    return gpus, mig, driver
+
+
+def _unknown_keys_gauge(config: Config | None) -> Metric:
+    unknown_keys = GaugeMetricFamily(
+        PREFIX + "config_unknown_keys",
+        "1 for each key of the served config that this plugin does not know and ignores (check-config "
+        "refuses them; NVIDIA ignores them silently).",
+        labels=["key"],
+    )
+    for key in sorted(set(config.unknown_keys) if config is not None else ()):
+        unknown_keys.add_metric([key], 1)
+    return unknown_keys
+
+
+def _unhealthy_gauge(health: HealthRegistry, inventory: Inventory | None) -> Metric:
+    unhealthy = GaugeMetricFamily(
+        PREFIX + "unhealthy_device",
+        "1 for each physical device (GPU or MIG) kept out of service, with the reason it was taken out.",
+        labels=["uuid", "gpu_uuid", "reason"],
+    )
+    for uuid, reason in sorted(health.unhealthy().items()):
+        gpu = inventory.gpu_of(uuid) if inventory is not None else None
+        unhealthy.add_metric([uuid, gpu.uuid if gpu is not None else "", reason], 1)
+    return unhealthy
+
+
+def _registered_gauge(manager: PluginManager) -> Metric:
+    registered = GaugeMetricFamily(
+        PREFIX + "resource_registered",
+        "1 when a served resource is registered with kubelet, 0 while it waits to be.",
+        labels=["resource"],
+    )
+    done = manager.registered()
+    for name in sorted(manager.served()):
+        registered.add_metric([name], 1 if name in done else 0)
+    return registered

@@ -31,8 +31,14 @@ class MigLayoutViolation:
 
 
 def mig_layout_violations(gpus: Sequence[Gpu], strategy: str) -> tuple[MigLayoutViolation, ...]:
+    """The GPUs of `gpus` (in any order) that break `strategy`, by GPU index; () under `none`.
+
+    The pipeline (snapshot.build_snapshot) asks once per snapshot and hands the answer to build_resources,
+    which leaves these GPUs out, and to the daemon, which logs and counts them.
+    """
     if strategy == "none":
         return ()
+    gpus = sorted(gpus, key=lambda gpu: gpu.index)
     found: list[MigLayoutViolation] = []
 
     def violate(gpu: Gpu, why: str) -> None:
@@ -41,7 +47,7 @@ def mig_layout_violations(gpus: Sequence[Gpu], strategy: str) -> tuple[MigLayout
                 gpu.index,
                 gpu.uuid,
                 strategy,
-                f"flags.migStrategy={strategy}: GPU {gpu.index} ({gpu.uuid}) {why}; it is not advertised",
+                f"flags.migStrategy={strategy}: {gpu.label} {why}; it is not advertised",
             )
         )
 

@@ -23,7 +23,8 @@ from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlErro
 from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.resources import ResourcePlan, build_resources
+from nvidia_device_plugin.resource_plans import build_resources
+from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.serving.allocate import AllocationSettings
 from nvidia_device_plugin.workers import Worker
 
@@ -55,9 +56,9 @@ def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | N
     inventory = discover(session.nv, session.host.sysfs_root, session.host.proc_root)
     if previous is not None:
         inventory = carry_over_lost(inventory, previous)
-    plans = build_resources(inventory, config)
-    check_device_list_sizes(plans)
     violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
+    plans = build_resources(inventory, config, violations)
+    check_device_list_sizes(plans)
     allocation = AllocationSettings.from_config(config, session.host)
     cdi = plan_cdi(inventory, plans, config, session.host)
     return Snapshot(config, inventory, plans, allocation, violations, cdi)
@@ -82,7 +83,7 @@ def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
             gpu.index,
             next(p.call for p in inventory.problems if p.gpu_index == gpu.index),
             next(p.code for p in inventory.problems if p.gpu_index == gpu.index),
-            f"GPU {gpu.index} ({gpu.uuid}) can no longer be read; still advertised, as Unhealthy "
+            f"{gpu.label} can no longer be read; still advertised, as Unhealthy "
             "(lost), with what was known of it before",
         )
         for gpu in missing

@@ -18,21 +18,19 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from nvidia_device_plugin.cli.common import env_value
 from nvidia_device_plugin.config.durations import parse_go_duration
 from nvidia_device_plugin.config.flags import add_config_arguments, resolve_config
-from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
-from nvidia_device_plugin.labels.nfd import (
-    DEFAULT_MACHINE_TYPE_FILE,
-    DEFAULT_OUTPUT_FILE,
-    read_machine_type,
-    write_features,
-)
-from nvidia_device_plugin.labels.node import TIMESTAMP_LABEL, LabelSettings, node_labels, without_timestamp
+from nvidia_device_plugin.labels.nfd import DEFAULT_MACHINE_TYPE_FILE, DEFAULT_OUTPUT_FILE
 from nvidia_device_plugin.logs import LOG_LEVELS, configure_logging
-from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
-from nvidia_device_plugin.snapshot import build_snapshot
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.config.v1 import Config
+    from nvidia_device_plugin.labels.node import LabelSettings
+    from nvidia_device_plugin.nvml.session import NvmlSession
 
 log = logging.getLogger("gpu_feature_discovery")
 
@@ -52,7 +50,7 @@ def _go_bool(text: str, what: str) -> bool:
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     def env(name: str, default: str | None = None) -> str | None:
-        return environ.get(name) or default
+        return env_value(environ, name, default)
 
     parser = argparse.ArgumentParser(
         prog="gpu-feature-discovery",
@@ -106,6 +104,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from nvidia_device_plugin.labels.nfd import read_machine_type, write_features
+    from nvidia_device_plugin.labels.node import LabelSettings, without_timestamp
+
     oneshot = _go_bool(args.oneshot, "--oneshot")
     interval = parse_go_duration(args.sleep_interval)
     if interval is None or interval <= 0:
@@ -149,8 +150,10 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _open(simulate: str | None, config: Config) -> NvmlSession | None:
+    from nvidia_device_plugin.cli.session import open_session
+
     try:
-        return open_nvml(simulate)
+        return open_session(simulate)
     except NvmlError as exc:
         if config.flags.fail_on_init_error:
             raise
@@ -159,6 +162,9 @@ def _open(simulate: str | None, config: Config) -> NvmlSession | None:
 
 
 def _labels(session: NvmlSession | None, config: Config, settings: LabelSettings) -> dict[str, str]:
+    from nvidia_device_plugin.labels.node import TIMESTAMP_LABEL, node_labels
+    from nvidia_device_plugin.snapshot import build_snapshot
+
     now = int(time.time())
     if session is None:
         return {} if settings.no_timestamp else {TIMESTAMP_LABEL: str(now)}

@@ -9,31 +9,36 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from nvidia_device_plugin.config.flags import config_source
-from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, config_loader, env_value
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
-from nvidia_device_plugin.signals import serve_until_stopped
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.nvml.session import NvmlSession
 
 
-def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
+    parser = commands(
+        "mps-control-daemon", help="run the MPS control daemons of the GPUs the config shares with MPS"
+    )
+    add_common_arguments(parser, environ)
     parser.add_argument(
         "--mps-control-binary",
-        default=environ.get("NVDP_MPS_CONTROL_BINARY") or CONTROL_EXECUTABLE,
+        default=env_value(environ, "NVDP_MPS_CONTROL_BINARY", CONTROL_EXECUTABLE),
         metavar="PATH",
         help=f"the MPS control program (default {CONTROL_EXECUTABLE}, looked up on PATH); a missing one "
         "is reported per GPU and leaves its replicas not ready [env NVDP_MPS_CONTROL_BINARY]",
     )
+    parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Callable[[], Config]) -> int:
+def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """Run until SIGTERM/SIGINT; SIGHUP reloads the config. Leaves the MPS daemons running on exit."""
+    from nvidia_device_plugin.cli.session import open_session as open_nvml
+    from nvidia_device_plugin.config.flags import config_source
     from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
-    from nvidia_device_plugin.nvml.session import open_nvml
+    from nvidia_device_plugin.signals import serve_until_stopped
 
     source = config_source(args, environ)
 
@@ -41,11 +46,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], load_config: Calla
         return ConfigWatcher(source, on_change)
 
     def open_session() -> NvmlSession:
-        return open_nvml(args.simulate)
+        return open_nvml(args.simulate)  # opened when the daemon starts, as the plugin's daemon does
 
     daemon = MpsControlDaemon(
         ControlDaemonOptions(
-            load_config=load_config,
+            load_config=config_loader(args, environ),
             open_nvml=open_session,
             watch=watcher if source.watch_paths() else None,
             control_path=args.mps_control_binary,

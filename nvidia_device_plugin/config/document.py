@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import yaml
 
-from nvidia_device_plugin.config.v1 import VERSION
+from nvidia_device_plugin.config.v1 import VERSION, shown_int
 from nvidia_device_plugin.errors import ConfigError
 
 # NVIDIA's largest example configs are a few KiB; a ConfigMap holds at most 1 MiB in all.
@@ -201,11 +201,7 @@ def show(value: object, depth: int = 0) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        try:
-            text = repr(value)
-        except ValueError:
-            return "a very large integer"
-        return text if len(text) <= 40 else text[:20] + "..."
+        return shown_int(value)
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, Mapping):

@@ -1,7 +1,8 @@
 """Where each setting comes from: CLI flag > environment variable > config file > default.
 
-The flag and environment-variable names are NVIDIA's (cmd/nvidia-device-plugin/main.go), so a DaemonSet
-written for NVIDIA's plugin configures this one the same way. Conventions, as in NVIDIA's urfave/cli flags:
+The flag and environment-variable names are NVIDIA's (cmd/nvidia-device-plugin/main.go; config.options
+lists them), so a DaemonSet written for NVIDIA's plugin configures this one the same way. Conventions, as
+in NVIDIA's urfave/cli flags:
 
 - Booleans: `--pass-device-specs` alone means true; `--pass-device-specs=false` (or `true`, `1`, `0`, `yes`,
   `no`, `t`, `f`, case-insensitive) sets it explicitly. Environment values use the same words.
@@ -25,25 +26,21 @@ import argparse
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
-from nvidia_device_plugin.config.loader import Override, build_config
+from nvidia_device_plugin.config.loader import Override
+from nvidia_device_plugin.config.options import CONFIG_OPTIONS, SOURCE_HELP, SOURCE_OPTIONS, ConfigOption
 from nvidia_device_plugin.config.selection import DEFAULT_FALLBACK_STRATEGIES, parse_fallback_strategies
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import Config, Health
 from nvidia_device_plugin.errors import ConfigError
 
 __all__ = [
-    "CONFIG_OPTIONS",
     "DISABLE_HEALTHCHECKS_ENV",
     "ENABLE_HEALTHCHECKS_ENV",
-    "ConfigOption",
-    "Override",
     "add_config_arguments",
     "apply_health_env",
-    "build_config",
     "config_source",
     "load_from",
     "overrides_from",
@@ -61,188 +58,6 @@ _FALSE = frozenset({"false", "f", "0", "no"})
 _XID = re.compile(r"[0-9]+")
 _INTEGER = re.compile(r"-?[0-9]+")
 
-OptionKind = Literal["str", "bool", "list", "ints"]
-
-
-@dataclass(frozen=True)
-class ConfigOption:
-    """One config setting that a CLI flag or an environment variable may also set."""
-
-    path: str  # where it lives in the config document, e.g. "flags.plugin.passDeviceSpecs"
-    flags: tuple[str, ...]  # argparse option strings; the first names it in errors
-    env: tuple[str, ...]  # environment variables, first set wins
-    kind: OptionKind
-    help: str
-
-    @property
-    def dest(self) -> str:
-        return self.flags[0].removeprefix("--").replace("-", "_")
-
-
-CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
-    ConfigOption(
-        "flags.migStrategy",
-        ("--mig-strategy",),
-        ("MIG_STRATEGY",),
-        "str",
-        "how MIG devices are advertised: none, single or mixed",
-    ),
-    ConfigOption(
-        "flags.failOnInitError",
-        ("--fail-on-init-error",),
-        ("FAIL_ON_INIT_ERROR",),
-        "bool",
-        "exit when initialisation fails instead of waiting forever",
-    ),
-    ConfigOption(
-        "flags.nvidiaDriverRoot",
-        ("--nvidia-driver-root", "--driver-root"),
-        ("NVIDIA_DRIVER_ROOT",),
-        "str",
-        "root of the NVIDIA driver installation on the host ('/' or '/run/nvidia/driver')",
-    ),
-    ConfigOption(
-        "flags.nvidiaDevRoot",
-        ("--nvidia-dev-root", "--dev-root"),
-        ("NVIDIA_DEV_ROOT",),
-        "str",
-        "root of the NVIDIA device nodes on the host (default: the driver root)",
-    ),
-    ConfigOption(
-        "flags.mpsRoot",
-        ("--mps-root",),
-        ("MPS_ROOT",),
-        "str",
-        "host directory where the MPS control daemons keep their pipes and logs",
-    ),
-    ConfigOption(
-        "flags.gdsEnabled",
-        ("--gds-enabled",),
-        ("GDS_ENABLED",),
-        "bool",
-        "start containers with GPUDirect Storage",
-    ),
-    ConfigOption(
-        "flags.mofedEnabled", ("--mofed-enabled",), ("MOFED_ENABLED",), "bool", "start containers with MOFED"
-    ),
-    ConfigOption(
-        "flags.gdrcopyEnabled",
-        ("--gdrcopy-enabled",),
-        ("GDRCOPY_ENABLED",),
-        "bool",
-        "start containers with GDRCopy",
-    ),
-    ConfigOption(
-        "flags.deviceDiscoveryStrategy",
-        ("--device-discovery-strategy",),
-        ("DEVICE_DISCOVERY_STRATEGY",),
-        "str",
-        "auto, nvml or tegra (discovery always uses NVML; tegra is logged as unsupported)",
-    ),
-    ConfigOption(
-        "flags.plugin.passDeviceSpecs",
-        ("--pass-device-specs",),
-        ("PASS_DEVICE_SPECS",),
-        "bool",
-        "pass device node specs to kubelet on Allocate (for the static CPU manager)",
-    ),
-    ConfigOption(
-        "flags.plugin.deviceListStrategy",
-        ("--device-list-strategy",),
-        ("DEVICE_LIST_STRATEGY",),
-        "list",
-        "how containers get their devices: envvar, volume-mounts, cdi-annotations, cdi-cri (comma-separated)",
-    ),
-    ConfigOption(
-        "flags.plugin.deviceIDStrategy",
-        ("--device-id-strategy",),
-        ("DEVICE_ID_STRATEGY",),
-        "str",
-        "how devices are named to the container runtime: uuid or index",
-    ),
-    ConfigOption(
-        "flags.plugin.sharedDevicesAllocationPolicy",
-        ("--shared-devices-allocation-policy",),
-        ("SHARED_DEVICES_ALLOCATION_POLICY",),
-        "str",
-        "how replicas of shared GPUs are picked: distributed (spread, the default) or packed (fill GPUs)",
-    ),
-    ConfigOption(
-        "flags.plugin.cdiAnnotationPrefix",
-        ("--cdi-annotation-prefix",),
-        ("CDI_ANNOTATION_PREFIX",),
-        "str",
-        "prefix of CDI annotation keys",
-    ),
-    ConfigOption(
-        "flags.plugin.nvidiaCTKPath",
-        ("--nvidia-cdi-hook-path", "--nvidia-ctk-path"),
-        ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
-        "str",
-        "path of the NVIDIA CDI hook written into CDI specs",
-    ),
-    ConfigOption(
-        "flags.plugin.containerDriverRoot",
-        ("--container-driver-root", "--driver-root-ctr-path"),
-        ("DRIVER_ROOT_CTR_PATH", "CONTAINER_DRIVER_ROOT"),
-        "str",
-        "where the driver root is mounted inside this container (for CDI specs)",
-    ),
-    ConfigOption(
-        "flags.plugin.cdiFeatureFlags",
-        ("--cdi-feature-flags",),
-        ("CDI_FEATURE_FLAGS",),
-        "list",
-        "feature flags for CDI spec generation (comma-separated)",
-    ),
-    ConfigOption(
-        "flags.plugin.cdiDisableHooks",
-        ("--cdi-disable-hooks",),
-        ("CDI_DISABLE_HOOKS",),
-        "list",
-        "CDI hooks to leave out of generated CDI specs (comma-separated)",
-    ),
-    ConfigOption(
-        "flags.plugin.cdiSpecDir",
-        ("--cdi-spec-dir",),
-        ("CDI_SPEC_DIR",),
-        "str",
-        "directory where generated CDI specs are written (default /var/run/cdi)",
-    ),
-    ConfigOption(
-        "imex.channelIDs",
-        ("--imex-channel-ids",),
-        ("IMEX_CHANNEL_IDS",),
-        "ints",
-        "IMEX channels to inject into every container (only 0 is valid)",
-    ),
-    ConfigOption(
-        "imex.required",
-        ("--imex-required",),
-        ("IMEX_REQUIRED",),
-        "bool",
-        "refuse to serve when an IMEX channel's device node is missing",
-    ),
-)
-
-# Config-source options: (dest, flag, env).
-_SOURCE_OPTIONS = (
-    ("config_file", "--config-file", "CONFIG_FILE"),
-    ("config_dir", "--config-dir", "NVDP_CONFIG_DIR"),
-    ("config_name", "--config-name", "NVDP_CONFIG_NAME"),
-    ("config_default", "--config-default", "NVDP_CONFIG_DEFAULT"),
-    ("config_fallback_strategies", "--config-fallback-strategies", "NVDP_CONFIG_FALLBACK_STRATEGIES"),
-)
-_SOURCE_HELP = {
-    "config_file": "the config file (YAML or JSON, NVIDIA's version: v1 format)",
-    "config_dir": "a directory of named configs (a ConfigMap mounted whole); pick one with --config-name",
-    "config_name": "which file in --config-dir to use (e.g. the node's nvidia.com/device-plugin.config)",
-    "config_default": "the file in --config-dir to use when --config-name is unset or does not exist",
-    "config_fallback_strategies": "without --config-name and --config-default, how to choose a file in "
-    "--config-dir: NVIDIA's named (the key 'default'), single (the only key), empty (built-in defaults), "
-    "comma-separated, tried in order (default named,single)",
-}
-
 
 def parse_bool(text: str) -> bool | None:
     """NVIDIA-style boolean words (true/false, 1/0, yes/no, t/f, any case); None for anything else."""
@@ -259,12 +74,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "configuration (precedence: flag > environment variable > file > default)"
     )
-    for dest, flag, env in _SOURCE_OPTIONS:
+    for dest, flag, env in SOURCE_OPTIONS:
         metavar = {"config_name": "NAME", "config_default": "NAME", "config_fallback_strategies": "LIST"}.get(
             dest, "PATH"
         )
         group.add_argument(
-            flag, dest=dest, default=None, metavar=metavar, help=f"{_SOURCE_HELP[dest]} [env {env}]"
+            flag, dest=dest, default=None, metavar=metavar, help=f"{SOURCE_HELP[dest]} [env {env}]"
         )
     for option in CONFIG_OPTIONS:
         help_text = f"{option.help} [env {' or '.join(option.env)}]"
@@ -328,8 +143,8 @@ def config_source(args: argparse.Namespace, environ: Mapping[str, str]) -> Confi
     The command line decides the mode on its own when it names a file or a directory, so that an image's
     CONFIG_FILE does not collide with a `--config-dir` given at run time.
     """
-    cli: dict[str, str | None] = {dest: getattr(args, dest, None) or None for dest, _, _ in _SOURCE_OPTIONS}
-    env: dict[str, str | None] = {dest: environ.get(name) or None for dest, _, name in _SOURCE_OPTIONS}
+    cli: dict[str, str | None] = {dest: getattr(args, dest, None) or None for dest, _, _ in SOURCE_OPTIONS}
+    env: dict[str, str | None] = {dest: environ.get(name) or None for dest, _, name in SOURCE_OPTIONS}
     if cli["config_file"] or cli["config_dir"]:
         file, directory, where = cli["config_file"], cli["config_dir"], "on the command line"
     else:

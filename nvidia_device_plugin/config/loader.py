@@ -1,8 +1,9 @@
 """The config API: a file, text or decoded document (plus flag/env overrides) -> the frozen v1 `Config`.
 
 Errors name the field and the bad value. The work is split by job: config.document reads and decodes
-(bounded, non-blocking), config.schema knows the keys of each section, config.sections validates each
-section into its v1 type. Everything that goes wrong while loading is a ConfigError, never another
+(bounded, non-blocking), config.schema knows the keys of each section, config.sections and
+config.resource_sections read each section into its v1 type, and the v1 types refuse the values no config
+may hold. Everything that goes wrong while loading is a ConfigError, never another
 exception, so a reload can reject a bad config and keep serving the last good one.
 
 The format is NVIDIA k8s-device-plugin's `version: v1` (api/config/v1 in their repository). Where this loader
@@ -56,9 +57,10 @@ from nvidia_device_plugin.config.document import (
     read_config_document,
 )
 from nvidia_device_plugin.config.durations import parse_go_duration
+from nvidia_device_plugin.config.resource_sections import qualified_name
 from nvidia_device_plugin.config.schema import ALIASES, KeyNotes
-from nvidia_device_plugin.config.sections import MAX_REPLICAS, parse_document, qualified_name
-from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.config.sections import parse_document
+from nvidia_device_plugin.config.v1 import MAX_REPLICAS, Config
 from nvidia_device_plugin.errors import ConfigError
 
 __all__ = [

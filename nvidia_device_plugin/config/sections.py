@@ -1,8 +1,10 @@
-"""The sections of a v1 document (flags, resources, sharing, health, imex) -> the frozen types of config.v1.
+"""A v1 document -> the frozen types of config.v1: the flags, health and imex sections here, the sections
+that name resources (resources, sharing) in config.resource_sections.
 
-Each `parse_*` function takes one `Section` and returns its v1 value, raising `Invalid` with the path of
-the first problem. This is the only place config values are validated: code that receives a `Config`
-trusts it (its modes and strategies are Literal types, so mypy holds callers to them).
+Each `_parse_*` function takes one `Section` and returns its v1 value, raising `Invalid` with the path of
+the first problem: a key, type or value the document may not hold. The v1 types refuse the values no
+config may hold, however it is built; code that receives a `Config` trusts it and checks nothing of it
+(its modes and strategies are Literal types, so mypy holds callers to them).
 
 Deliberate departures from NVIDIA's behaviour are listed in config.loader.
 """
@@ -10,20 +12,17 @@ Deliberate departures from NVIDIA's behaviour are listed in config.loader.
 from __future__ import annotations
 
 import math
-import re
 
-from nvidia_device_plugin.config.document import Invalid, check_version, fail, fail_type, show
+from nvidia_device_plugin.config.document import check_version, fail, fail_type, show
 from nvidia_device_plugin.config.durations import parse_go_duration
+from nvidia_device_plugin.config.resource_sections import parse_resources, parse_sharing
 from nvidia_device_plugin.config.schema import (
     FLAG_FIELDS,
     GFD_FIELDS,
     HEALTH_FIELDS,
     IMEX_FIELDS,
-    PATTERN_FIELDS,
     PLUGIN_FIELDS,
     RECOVERY_FIELDS,
-    REPLICATED_FIELDS,
-    REPLICATED_RESOURCE_FIELDS,
     RESOURCES_FIELDS,
     SHARING_FIELDS,
     TOP_FIELDS,
@@ -39,7 +38,6 @@ from nvidia_device_plugin.config.v1 import (
     MIG_STRATEGIES,
     RESOURCE_PREFIX,
     SHARED_ALLOCATION_POLICIES,
-    SHARED_SUFFIX,
     VERSION,
     Config,
     DeviceListStrategies,
@@ -50,27 +48,11 @@ from nvidia_device_plugin.config.v1 import (
     Imex,
     PluginFlags,
     Recovery,
-    ReplicatedDevices,
-    ReplicatedResource,
-    ReplicatedResources,
-    ResourcePattern,
-    Resources,
     Sharing,
 )
 
-MAX_RESOURCE_NAME_LENGTH = 63
-# NVIDIA sets no limit; a typo like 100000 would make us advertise millions of device IDs, so we refuse it.
-MAX_REPLICAS = 4096
 IMEX_CHANNEL_CONFIGS = ((), (0,))
 
-_PREFIX = RESOURCE_PREFIX + "/"
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_UUID = r"(?:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9a-fA-F]{32})"
-_GPU_UUID = re.compile(rf"GPU-{_UUID}")
-_MIG_UUID = re.compile(rf"MIG-{_UUID}")
-_MIG_GPU_UUID = re.compile(rf"MIG-GPU-{_UUID}/[0-9]+/[0-9]+")
-_GPU_INDEX = re.compile(r"[0-9]+")
-_MIG_INDEX = re.compile(r"([0-9]+):([0-9]+)")
 _MAX_XID = 2**64 - 1
 
 
@@ -84,8 +66,8 @@ def parse_document(raw: object, notes: KeyNotes | None = None) -> Config:
     doc = Section(raw, "", TOP_FIELDS, notes)
     check_version(doc.raw("version"))
     flags = _parse_flags(doc.section("flags", FLAG_FIELDS))
-    resources = _parse_resources(doc.section("resources", RESOURCES_FIELDS))
-    sharing = _parse_sharing(doc.section("sharing", SHARING_FIELDS))
+    resources = parse_resources(doc.section("resources", RESOURCES_FIELDS))
+    sharing = parse_sharing(doc.section("sharing", SHARING_FIELDS))
     health = _parse_health(doc.section("health", HEALTH_FIELDS))
     imex = _parse_imex(doc.section("imex", IMEX_FIELDS))
     _check_sharing_against_flags(sharing, flags)
@@ -214,151 +196,7 @@ def _check_gfd_flags(s: Section) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Resource names and patterns
-
-
-def qualified_name(name: str, path: str) -> str:
-    full = name if name.startswith(_PREFIX) else _PREFIX + name
-    if len(full) > MAX_RESOURCE_NAME_LENGTH:
-        fail(
-            path,
-            f"resource name {full!r} is {len(full)} characters long; the limit is {MAX_RESOURCE_NAME_LENGTH}",
-        )
-    if not _DNS_SUBDOMAIN.fullmatch(full[len(_PREFIX) :]):
-        fail(
-            path,
-            f"{name!r} is not a valid resource name: after {_PREFIX!r} it must be lower-case letters, "
-            "digits, '-' and '.', starting and ending with a letter or digit",
-        )
-    return full
-
-
-def _parse_resources(s: Section) -> Resources:
-    return Resources(gpus=_parse_patterns(s, "gpus"), mig=_parse_patterns(s, "mig"))
-
-
-def _parse_patterns(s: Section, key: str) -> tuple[ResourcePattern, ...]:
-    entries = s.get_list(key) or []
-    patterns: list[ResourcePattern] = []
-    for i, item in enumerate(entries):
-        entry = s.entry(item, f"{s.path_of(key)}[{i}]", PATTERN_FIELDS)
-        pattern = entry.required_str("pattern")
-        if not pattern:
-            fail(entry.path_of("pattern"), "must not be empty (use '*' to match every device)")
-        name = qualified_name(entry.required_str("name"), entry.path_of("name"))
-        patterns.append(ResourcePattern(pattern=pattern, name=name))
-    return tuple(patterns)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Sharing
-
-
-def _parse_sharing(s: Section) -> Sharing:
-    time_slicing = ReplicatedResources()
-    if s.raw("timeSlicing") is not None:
-        time_slicing = _parse_replicated(s.section("timeSlicing", REPLICATED_FIELDS), fail_default=False)
-    mps = None
-    if s.raw("mps") is not None:
-        mps = _parse_replicated(s.section("mps", REPLICATED_FIELDS), fail_default=True)
-    return Sharing(time_slicing=time_slicing, mps=mps)
-
-
-def _parse_replicated(s: Section, fail_default: bool) -> ReplicatedResources:
-    rename_by_default = s.get_bool("renameByDefault", False)
-    fail_requests = s.get_bool("failRequestsGreaterThanOne", fail_default)
-    list_path = s.path_of("resources")
-    entries = s.get_list("resources")
-    if not entries:
-        fail(list_path, f"no resources specified (list at least one resource to share, or remove {s.path})")
-    listed: dict[str, int] = {}  # resource name -> entry index
-    advertised: dict[str, tuple[int, int]] = {}  # advertised name -> (replicas, entry index)
-    resources: list[ReplicatedResource] = []
-    for i, item in enumerate(entries):
-        entry = s.entry(item, f"{list_path}[{i}]", REPLICATED_RESOURCE_FIELDS)
-        name = qualified_name(entry.required_str("name"), entry.path_of("name"))
-        if name in listed:
-            fail(
-                entry.path_of("name"),
-                f"{name!r} is already listed at {list_path}[{listed[name]}]; list it once",
-            )
-        listed[name] = i
-        replicas = entry.required_int("replicas")
-        replicas_path = entry.path_of("replicas")
-        if replicas < 1:
-            raise Invalid(replicas_path, f"{replicas_path} must be >= 1, got {replicas}")
-        if replicas > MAX_REPLICAS:
-            fail(
-                replicas_path,
-                f"at most {MAX_REPLICAS} replicas per device (each is a device for kubelet to track), "
-                f"got {show(replicas)}",
-            )
-        rename_raw = entry.optional_str("rename")
-        rename = None if rename_raw is None else qualified_name(rename_raw, entry.path_of("rename"))
-        if rename is None and rename_by_default:
-            rename = _default_shared_name(name, entry.path_of("name"))
-        final = rename or name
-        if final in advertised and advertised[final][0] != replicas:
-            other_replicas, other = advertised[final]
-            fail(
-                entry.path_of("replicas"),
-                f"{final!r} is also advertised by {list_path}[{other}] with {other_replicas} replicas; "
-                f"entries advertised under one name need one replica count, got {replicas}",
-            )
-        advertised.setdefault(final, (replicas, i))
-        devices = _parse_devices(entry.raw("devices"), entry.path_of("devices"))
-        resources.append(ReplicatedResource(name=name, replicas=replicas, rename=rename, devices=devices))
-    return ReplicatedResources(
-        rename_by_default=rename_by_default,
-        fail_requests_greater_than_one=fail_requests,
-        resources=tuple(resources),
-    )
-
-
-def _default_shared_name(name: str, path: str) -> str:
-    shared = name + SHARED_SUFFIX
-    if len(shared) > MAX_RESOURCE_NAME_LENGTH:
-        fail(
-            path,
-            f"renameByDefault makes {shared!r}, which is {len(shared)} characters long; the limit is "
-            f"{MAX_RESOURCE_NAME_LENGTH} (give this entry a shorter explicit rename)",
-        )
-    return shared
-
-
-def _parse_devices(value: object, path: str) -> ReplicatedDevices:
-    expected = "'all', a positive device count, or a list of GPU/MIG indices or UUIDs"
-    if value is None or value == "all":
-        return ReplicatedDevices()
-    if isinstance(value, (bool, str)):
-        fail_type(path, expected, value)
-    if isinstance(value, int):
-        if value <= 0:
-            fail(path, f"a device count must be > 0, got {value}")
-        return ReplicatedDevices(all=False, count=value)
-    if isinstance(value, list):
-        if not value:
-            fail(path, "the device list is empty (use 'all' to share every device)")
-        refs = tuple(_device_ref(item, f"{path}[{i}]") for i, item in enumerate(value))
-        return ReplicatedDevices(all=False, refs=tuple(dict.fromkeys(refs)))
-    fail_type(path, expected, value)
-
-
-def _device_ref(value: object, path: str) -> str:
-    """A device reference in the one spelling NVML would report: "3", "3:1", "GPU-<uuid>", "MIG-<uuid>"."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)
-    if isinstance(value, str):
-        if _GPU_INDEX.fullmatch(value):
-            return str(int(value))
-        mig_index = _MIG_INDEX.fullmatch(value)
-        if mig_index:
-            return f"{int(mig_index.group(1))}:{int(mig_index.group(2))}"
-        if _MIG_GPU_UUID.fullmatch(value):
-            return "MIG-GPU-" + value[len("MIG-GPU-") :].lower()
-        if _GPU_UUID.fullmatch(value) or _MIG_UUID.fullmatch(value):
-            return value[:4] + value[4:].lower()
-    fail_type(path, "a GPU index (0), MIG index (0:1), GPU UUID (GPU-...) or MIG UUID (MIG-...)", value)
+# Across sections
 
 
 def _check_sharing_against_flags(sharing: Sharing, flags: Flags) -> None:

@@ -1,8 +1,12 @@
 """Types of the `version: v1` config format (NVIDIA k8s-device-plugin's), with their defaults.
 
-Only plain frozen values live here; parsing and validation are in config.loader (config.sections does the
-work). Every mode and strategy is a Literal type, and its tuple of allowed values is derived from that type,
-so the loader's check and mypy's agree: code downstream of the loader trusts these types and checks nothing.
+Plain frozen values, which refuse what no config may hold: the sharing types check their replica counts
+and device selections when they are built (`InvalidValue`), whether the loader builds them from a
+document or a caller builds them by hand. Every mode and strategy is a Literal type, and its tuple of
+allowed values is derived from that type, so the loader's check and mypy's agree. Reading a document
+(keys, types, resource names) is the job of config.sections and config.resource_sections. Code
+downstream trusts these values and checks nothing of them; it checks only how they meet the node (device
+refs that do not resolve there, say).
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, get_args
+
+from nvidia_device_plugin.errors import ConfigError
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"
@@ -45,9 +51,39 @@ SHARING_MODES: Final[tuple[SharingMode, ...]] = get_args(SharingMode)
 HEALTH_EVENT_TYPES: Final[tuple[HealthEventType, ...]] = get_args(HealthEventType)
 
 DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+# NVIDIA sets no limit; a typo like 100000 would make us advertise millions of device IDs, so we refuse it.
+MAX_REPLICAS = 4096
 
 # Application-level XIDs that do not mean the GPU is broken (NVIDIA's plugin skips the same ones).
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+
+class InvalidValue(ConfigError):
+    """A value a v1 type refuses: the sentence names the field relative to the refusing value.
+
+    `field` is that field ("replicas", "resources[1].replicas") and `problem` the rest of the sentence,
+    where "{at}" stands for the refusing value's own place. Built by hand, the message reads "replicas
+    must be >= 1, got 0"; the loader reports it where the value is in the document (`located`).
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(self.located("")[1])
+
+    def located(self, owner: str) -> tuple[str, str]:
+        """(the field's document path, the whole sentence) for a value found at `owner`."""
+        at = f"{owner}." if owner else ""
+        return at + self.field, at + self.field + self.problem.replace("{at}", at)
+
+
+def shown_int(value: int) -> str:
+    """An integer as error messages show it: up to 40 digits, else its first 20 and "..."."""
+    try:
+        text = repr(value)
+    except ValueError:  # beyond Python's digit limit
+        return "a very large integer"
+    return text if len(text) <= 40 else text[:20] + "..."
 
 
 def uses_cdi(strategies: Sequence[str]) -> bool:
@@ -111,6 +147,15 @@ class ReplicatedDevices:
     count: int | None = None
     refs: tuple[str, ...] = ()  # GPU index "0", MIG index "0:1", GPU UUID or MIG UUID
 
+    def __post_init__(self) -> None:
+        # The refs are used if any, else the count, else `all` (see resource_plans.py).
+        if self.refs:
+            return
+        if self.count is not None and self.count < 1:
+            raise InvalidValue("devices", f": a device count must be > 0, got {self.count}")
+        if self.count is None and not self.all:
+            raise InvalidValue("devices", ": the device list is empty (use 'all' to share every device)")
+
 
 @dataclass(frozen=True)
 class ReplicatedResource:
@@ -119,12 +164,44 @@ class ReplicatedResource:
     rename: str | None = None  # fully qualified; None keeps `name`
     devices: ReplicatedDevices = field(default_factory=ReplicatedDevices)
 
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise InvalidValue("replicas", f" must be >= 1, got {self.replicas}")
+        if self.replicas > MAX_REPLICAS:
+            raise InvalidValue(
+                "replicas",
+                f": at most {MAX_REPLICAS} replicas per device (each is a device for kubelet to track), "
+                f"got {shown_int(self.replicas)}",
+            )
+
 
 @dataclass(frozen=True)
 class ReplicatedResources:
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     resources: tuple[ReplicatedResource, ...] = ()
+
+    def __post_init__(self) -> None:
+        # One advertised name is one resource with one replica count; NVIDIA would merge two counts
+        # into a resource the plan cannot describe.
+        first: dict[str, int] = {}  # advertised name -> the first entry advertised under it
+        for i, entry in enumerate(self.resources):
+            name = self.advertised_name(entry)
+            other = self.resources[first.setdefault(name, i)]
+            if other.replicas != entry.replicas:
+                raise InvalidValue(
+                    f"resources[{i}].replicas",
+                    f": {name!r} is also advertised by {{at}}resources[{first[name]}] with "
+                    f"{other.replicas} replicas; entries advertised under one name need one replica count, "
+                    f"got {entry.replicas}",
+                )
+
+    def advertised_name(self, entry: ReplicatedResource) -> str:
+        """The name `entry`'s replicas are advertised under: its rename, or <name>.shared with
+        renameByDefault, or its own name."""
+        if entry.rename:
+            return entry.rename
+        return entry.name + SHARED_SUFFIX if self.rename_by_default else entry.name
 
 
 @dataclass(frozen=True)

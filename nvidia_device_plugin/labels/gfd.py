@@ -51,7 +51,7 @@ def gfd_labels(inventory: Inventory, config: Config, machine_type: str = "unknow
     if not gpus:
         return {}
     labels = {PREFIX + "gpu.machine": machine_type.strip().replace(" ", "-") or "unknown"}
-    labels.update(version_labels(inventory.driver_version, inventory.cuda_driver_version))
+    labels.update(version_labels(inventory.driver_version, inventory.cuda_version))
     labels[PREFIX + "mig.capable"] = _bool(any(g.mig_capable for g in gpus))
     mps = config.sharing.strategy == "mps" and not any(g.mig_enabled for g in gpus)
     labels[PREFIX + "mps.capable"] = _bool(mps)
@@ -83,8 +83,11 @@ def arch_family(major: int, minor: int) -> str:
     return families.get(major, "undefined")
 
 
-def version_labels(driver_version: str, cuda_driver_version: int) -> dict[str, str]:
-    """Driver and CUDA labels, under GFD's deprecated and current names; {} parts that are unknown."""
+def version_labels(driver_version: str, cuda_version: tuple[int, int] | None) -> dict[str, str]:
+    """Driver and CUDA labels, under GFD's deprecated and current names; {} parts that are unknown.
+
+    `cuda_version` is the driver's CUDA version as Inventory.cuda_version decodes it, (12, 4).
+    """
     labels: dict[str, str] = {}
     parts = driver_version.split(".") if driver_version else []
     if 2 <= len(parts) <= 3:
@@ -100,9 +103,8 @@ def version_labels(driver_version: str, cuda_driver_version: int) -> dict[str, s
                 "cuda.driver-version.full": driver_version,
             }
         )
-    if cuda_driver_version > 0:
-        # NVML's encoding: 12040 is CUDA 12.4 (major * 1000 + minor * 10).
-        major_n, minor_n = cuda_driver_version // 1000, (cuda_driver_version % 1000) // 10
+    if cuda_version is not None:
+        major_n, minor_n = cuda_version
         labels.update(
             {
                 "cuda.runtime.major": str(major_n),
@@ -134,7 +136,7 @@ class _Resource:
         if self.sharing is None:
             return 0
         entry = self._entry()
-        return entry.replicas if entry is not None and entry.replicas > 0 else 1
+        return entry.replicas if entry is not None else 1
 
     def product(self, parts: Iterable[str]) -> str:
         names = [sanitise(p) for p in parts if p]

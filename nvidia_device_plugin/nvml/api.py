@@ -74,7 +74,6 @@ class FieldValueUnion(Protocol):
     """pynvml.c_nvmlValue_t, the members we read."""
 
     uiVal: int
-    ullVal: int
 
 
 class EventData(Protocol):

@@ -13,6 +13,7 @@ import pynvml
 
 from nvidia_device_plugin.errors import NvmlError
 from nvidia_device_plugin.nvml.api import NvmlApi
+from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def set_compute_mode(nv: NvmlApi, gpu_uuid: str, mode: ComputeMode) -> None:
             return
         nv.nvmlDeviceSetComputeMode(handle, wanted)
     except pynvml.NVMLError as exc:
-        hint = " (the container needs CAP_SYS_ADMIN)" if exc.value == pynvml.NVML_ERROR_NO_PERMISSION else ""
-        raise NvmlError(f"cannot set compute mode {mode} on GPU {gpu_uuid}: {exc}{hint}", exc.value) from exc
+        hint = " (the container needs CAP_SYS_ADMIN)" if classify(exc) is NvmlErrorKind.NO_PERMISSION else ""
+        message = f"cannot set compute mode {mode} on GPU {gpu_uuid}: {exc}{hint}"
+        raise NvmlError(message, error_code(exc)) from exc
     log.info("GPU %s compute mode set to %s (was %s)", gpu_uuid, mode, _NAMES.get(current, str(current)))

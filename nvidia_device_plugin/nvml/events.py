@@ -2,7 +2,7 @@
 
 Everything here is a thin, typed step over one or two NvmlApi calls: create / register / wait / drain /
 free an event set, decode an event, probe whether a device is readable. NVML errors come out as
-`NvmlFailure`, classified the way the monitor needs (lost, not supported, no permission, GPU is lost).
+`NvmlFailure`, whose kind nvml/errors.py decides; its properties are the questions the monitor asks.
 
 Stopping promptly: real nvmlEventSetWait cannot be interrupted, and freeing the set or shutting NVML
 down under a waiting thread is unsafe, so a monitor on a real node waits out its timeout (500 ms) when it
@@ -19,6 +19,7 @@ from typing import Literal, Protocol, runtime_checkable
 import pynvml
 
 from nvidia_device_plugin.nvml.api import DeviceHandle, EventData, EventSetHandle, NvmlApi
+from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code
 
 NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
 # health.eventTypes names -> the NVML event bits that can change health. Single-bit ECC errors are
@@ -29,8 +30,8 @@ EVENT_TYPE_BITS = {
     "EventTypeSingleBitEccError": 0,
 }
 # A probe failing with these means the GPU is gone: fallen off the bus, or no longer listed by the driver.
-# UNKNOWN is not among them: real drivers return it transiently; the monitor counts consecutive failures.
-_LOST_CODES = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NOT_FOUND})
+# OTHER (UNKNOWN) is not among them: real drivers return it transiently; the monitor counts failures.
+_LOST = frozenset({NvmlErrorKind.GPU_LOST, NvmlErrorKind.NOT_FOUND})
 
 
 def event_mask(event_types: Iterable[str]) -> int:
@@ -45,25 +46,26 @@ class NvmlFailure(Exception):
     """An NVML call of the health monitor failed; `code` is NVML's return code."""
 
     def __init__(self, exc: pynvml.NVMLError) -> None:
-        self.code = int(exc.value)
+        self.code = error_code(exc)
+        self.kind = classify(exc)
         super().__init__(f"{exc} (NVML error {self.code})")
 
     @property
     def means_lost(self) -> bool:
         """The device is gone (GPU_IS_LOST, or NOT_FOUND: the driver no longer lists it)."""
-        return self.code in _LOST_CODES
+        return self.kind in _LOST
 
     @property
     def gpu_is_lost(self) -> bool:
-        return bool(self.code == pynvml.NVML_ERROR_GPU_IS_LOST)
+        return self.kind is NvmlErrorKind.GPU_LOST
 
     @property
     def not_supported(self) -> bool:
-        return bool(self.code == pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.kind is NvmlErrorKind.NOT_SUPPORTED
 
     @property
     def no_permission(self) -> bool:
-        return bool(self.code == pynvml.NVML_ERROR_NO_PERMISSION)
+        return self.kind is NvmlErrorKind.NO_PERMISSION
 
 
 EventKind = Literal["xid", "double-bit-ecc", "other"]
@@ -123,7 +125,7 @@ def wait_event(nv: NvmlApi, event_set: EventSetHandle, timeout_ms: int) -> Healt
     try:
         data = nv.nvmlEventSetWait_v2(event_set, timeout_ms)
     except pynvml.NVMLError as exc:
-        if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+        if classify(exc) is NvmlErrorKind.TIMEOUT:
             return None
         raise NvmlFailure(exc) from exc
     return _decode(nv, data)
@@ -164,7 +166,7 @@ def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Pro
         try:
             nv.nvmlDeviceGetMemoryInfo(handle)
         except pynvml.NVMLError as exc:
-            if exc.value != pynvml.NVML_ERROR_NOT_SUPPORTED:
+            if classify(exc) is not NvmlErrorKind.NOT_SUPPORTED:
                 raise
         if mig is not None:
             mig_index, mig_uuid = mig

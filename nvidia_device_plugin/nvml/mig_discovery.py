@@ -13,16 +13,21 @@ import pynvml
 
 from nvidia_device_plugin.devices import Gpu, MigAttributes, MigDevice
 from nvidia_device_plugin.nvml.api import DeviceHandle
-from nvidia_device_plugin.nvml.errors import nvml_error
+from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code, nvml_error
 from nvidia_device_plugin.nvml.mig_profiles import (
     GPU_INSTANCE_PROFILES,
     CapsMinors,
     mig_profile_name,
     resolve_caps_minors,
 )
-from nvidia_device_plugin.nvml.reader import NO_PERMISSION_MIG, GpuLost, Reader, error_code
+from nvidia_device_plugin.nvml.reader import Reader, raise_if_lost
 
-_EMPTY_SLOT = frozenset({pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT})
+_EMPTY_SLOT = frozenset({NvmlErrorKind.NOT_FOUND, NvmlErrorKind.INVALID_ARGUMENT})
+# NO_PERMISSION while enumerating MIG devices, in the operator's words: which capability it takes.
+NO_PERMISSION_MIG = (
+    "no permission to enumerate MIG devices: in a container this needs CAP_SYS_ADMIN (run the plugin "
+    "privileged, or add the SYS_ADMIN capability)"
+)
 
 
 def read_mig_devices(
@@ -31,25 +36,16 @@ def read_mig_devices(
     nv = reader.nv
     index = gpu.index
     what = f"reading MIG devices of GPU {index}"
-    count = _mig_call(
-        reader,
-        index,
-        "nvmlDeviceGetMaxMigDeviceCount",
-        what,
-        lambda: nv.nvmlDeviceGetMaxMigDeviceCount(handle),
-    )
     devices = []
-    for j in range(count or 0):
+    for j in range(_max_mig_devices(reader, handle, index, what)):
         try:
             mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
         except pynvml.NVMLError as exc:
-            code = error_code(exc)
-            if code in _EMPTY_SLOT:
+            if classify(exc) in _EMPTY_SLOT:
                 continue
-            if code == pynvml.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost("nvmlDeviceGetMigDeviceHandleByIndex") from exc
+            raise_if_lost(exc, "nvmlDeviceGetMigDeviceHandleByIndex")
             _mig_problem(reader, index, "nvmlDeviceGetMigDeviceHandleByIndex", exc, what)
-            if code == pynvml.NVML_ERROR_NO_PERMISSION:
+            if classify(exc) is NvmlErrorKind.NO_PERMISSION:
                 break  # every slot will say the same
             continue
         device = _mig_device(reader, handle, mig, gpu, j, proc_root, caps)
@@ -76,8 +72,7 @@ def _mig_device(
         gi = int(nv.nvmlDeviceGetGpuInstanceId(mig))
         ci = int(nv.nvmlDeviceGetComputeInstanceId(mig))
     except pynvml.NVMLError as exc:
-        if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost("reading a MIG device") from exc
+        raise_if_lost(exc, "reading a MIG device")
         _mig_problem(reader, gpu.index, "reading a MIG device", exc, what)
         return None
     profile_id, profile_memory_mb = _gpu_instance_profile(reader, parent, gpu.index, gi)
@@ -128,8 +123,7 @@ def _gpu_instance_profile(
         instance = nv.nvmlDeviceGetGpuInstanceById(parent, gi)
         wanted = int(nv.nvmlGpuInstanceGetInfo(instance).profileId)
     except pynvml.NVMLError as exc:
-        if error_code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost("nvmlDeviceGetGpuInstanceById") from exc
+        raise_if_lost(exc, "nvmlDeviceGetGpuInstanceById")
         reader.note(
             index,
             "nvmlDeviceGetGpuInstanceById",
@@ -148,21 +142,20 @@ def _gpu_instance_profile(
     return None, 0
 
 
-def _mig_call(reader: Reader, index: int, call: str, what: str, fn: object) -> int | None:
+def _max_mig_devices(reader: Reader, handle: DeviceHandle, index: int, what: str) -> int:
+    """How many MIG device slots to look at; 0 when NVML cannot say (a problem, unless NOT_SUPPORTED)."""
     try:
-        return int(fn())  # type: ignore[operator]
+        return int(reader.nv.nvmlDeviceGetMaxMigDeviceCount(handle))
     except pynvml.NVMLError as exc:
-        code = error_code(exc)
-        if code == pynvml.NVML_ERROR_GPU_IS_LOST:
-            raise GpuLost(call) from exc
-        if code != pynvml.NVML_ERROR_NOT_SUPPORTED:
-            _mig_problem(reader, index, call, exc, what)
-        return None
+        raise_if_lost(exc, "nvmlDeviceGetMaxMigDeviceCount")
+        if classify(exc) is not NvmlErrorKind.NOT_SUPPORTED:
+            _mig_problem(reader, index, "nvmlDeviceGetMaxMigDeviceCount", exc, what)
+        return 0
 
 
 def _mig_problem(reader: Reader, index: int, call: str, exc: pynvml.NVMLError, what: str) -> None:
     code = error_code(exc)
-    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+    if classify(exc) is NvmlErrorKind.NO_PERMISSION:
         message = (
             f"{what}: {NO_PERMISSION_MIG} (NVML error {code}); GPU {index} is served without MIG devices"
         )

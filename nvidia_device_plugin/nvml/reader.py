@@ -15,14 +15,9 @@ import pynvml
 
 from nvidia_device_plugin.devices import DiscoveryProblem
 from nvidia_device_plugin.nvml.api import NvmlApi
-from nvidia_device_plugin.nvml.errors import nvml_error
+from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code, nvml_error
 
 T = TypeVar("T")
-
-NO_PERMISSION_MIG = (
-    "no permission to enumerate MIG devices: in a container this needs CAP_SYS_ADMIN (run the plugin "
-    "privileged, or add the SYS_ADMIN capability)"
-)
 
 
 class GpuLost(Exception):
@@ -49,22 +44,25 @@ class Reader:
         what: str,
         fallback: T,
         consequence: str,
-        quiet: frozenset[int] = frozenset(),
+        quiet: frozenset[NvmlErrorKind] = frozenset(),
     ) -> T:
         """`fn(*args)`, or `fallback` (with a problem saying `consequence`) when NVML fails.
 
-        Codes in `quiet` give the fallback without a problem: they are normal on some nodes.
+        Errors of a kind in `quiet` give the fallback without a problem: they are normal on some nodes.
         GPU_IS_LOST raises GpuLost for a GPU call.
         """
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
-            code = int(exc.value)
-            if code == pynvml.NVML_ERROR_GPU_IS_LOST and gpu is not None:
-                raise GpuLost(_name(fn)) from exc
-            if code not in quiet:
-                self.note(gpu, _name(fn), code, f"{nvml_error(exc, what)}; {consequence}")
+            if gpu is not None:
+                raise_if_lost(exc, _name(fn))
+            if classify(exc) not in quiet:
+                self.note(gpu, _name(fn), error_code(exc), f"{nvml_error(exc, what)}; {consequence}")
             return fallback
+
+    def note_lost(self, index: int, uuid: str, call: str) -> None:
+        """GPU `index` answered GPU_IS_LOST from `call`: it is served as lost, and the problem says so."""
+        self.note(index, call, pynvml.NVML_ERROR_GPU_IS_LOST, lost_message(index, uuid, call))
 
     def note(self, gpu: int | None, call: str, code: int, message: str) -> None:
         key = (gpu, call, code)
@@ -73,8 +71,17 @@ class Reader:
             self.problems.append(DiscoveryProblem(gpu_index=gpu, call=call, code=code, message=message))
 
 
-def error_code(exc: BaseException) -> int:
-    return int(exc.value) if isinstance(exc, pynvml.NVMLError) else -1
+def lost_message(index: int, uuid: str, call: str) -> str:
+    return (
+        f"GPU {index} ({uuid}) is lost (GPU_IS_LOST from {call}); advertised as Unhealthy and checked "
+        "again every poll"
+    )
+
+
+def raise_if_lost(exc: pynvml.NVMLError, call: str) -> None:
+    """GpuLost when `exc` is GPU_IS_LOST (from `call`): the caller then serves the GPU as lost."""
+    if classify(exc) is NvmlErrorKind.GPU_LOST:
+        raise GpuLost(call) from exc
 
 
 def _name(fn: Callable[..., Any]) -> str:

@@ -1,10 +1,10 @@
 """Runs one ResourceServer per resource and keeps each registered with kubelet.
 
 Kubelet announces a restart by deleting every socket in the device-plugin directory and creating
-`kubelet.sock` anew; a watchdog observer on that directory turns both into re-serve + re-register
-work for one registrar thread, so every state change is handled in one place, in order. Every few
-seconds the registrar also checks the sockets itself, so an event the watch missed (or a watch lost
-with its directory) costs seconds, not the node.
+`kubelet.sock` anew; the directory watch (dirwatch.py) turns both into re-serve + re-register work for
+one registrar worker, so every state change is handled in one place, in order. Every few seconds the
+registrar also checks the sockets itself, so an event the watch missed (or a watch lost with its
+directory) costs seconds, not the node.
 
 The registrar is supervised: a failure of any kind (binding a socket, registering, watching the
 directory) is logged once per distinct reason and retried with backoff; the thread never ends before
@@ -20,23 +20,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers.api import BaseObserver
-
-from nvidia_device_plugin.events import NO_EVENTS, Events
-from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
 from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.plugin.dirwatch import WATCH_FAILURE, DirectoryWatch
+from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, PluginEvents
 from nvidia_device_plugin.plugin.registration import (
     REGISTER_TIMEOUT_SECONDS,
     RegistrationError,
     register,
 )
 from nvidia_device_plugin.plugin.server import BindError, ResourceBackend, ResourceServer
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
-_WATCH = "watch"  # FailureLog key of the directory watch
 _KUBELET = "kubelet"  # FailureLog key of a missing kubelet socket
 _REGISTRAR = "registrar"  # FailureLog key of an unexpected registrar failure
 
@@ -50,16 +47,18 @@ class ResourceSpec:
     backend: ResourceBackend
 
 
-class _DirectoryEvents(FileSystemEventHandler):
+class _Registrar(Worker):
+    """The registrar thread ("plugin-registrar") of one start() of a manager."""
+
     def __init__(self, manager: PluginManager) -> None:
+        super().__init__("plugin-registrar")
         self._manager = manager
 
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in ("created", "deleted", "moved"):
-            paths = [event.src_path, getattr(event, "dest_path", "")]
-            for path in paths:
-                if path:
-                    self._manager._on_path_event(Path(str(path)), event.event_type)
+    def run(self, stop: threading.Event) -> None:
+        self._manager._supervise(stop)
+
+    def wake(self) -> None:
+        self._manager._wake.set()
 
 
 class PluginManager:
@@ -69,7 +68,7 @@ class PluginManager:
         self,
         plugin_dir: Path,
         kubelet_socket: str = KUBELET_SOCKET,
-        events: Events = NO_EVENTS,
+        events: PluginEvents = NO_PLUGIN_EVENTS,
         min_retry_seconds: float = 0.05,
         max_retry_seconds: float = 2.0,
         register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
@@ -92,11 +91,9 @@ class PluginManager:
         # Held while starting or stopping servers, so apply() and the registrar never race on one.
         self._serving = threading.Lock()
         self._wake = threading.Event()
-        self._stop = threading.Event()
         self._failures = FailureLog(log)
-        self._thread: threading.Thread | None = None
-        self._observer: BaseObserver | None = None
-        self._watched_once = False
+        self._registrar: _Registrar | None = None
+        self._watch = DirectoryWatch(plugin_dir, self._on_path_event, self._reregister_all, self._failures)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -105,28 +102,23 @@ class PluginManager:
         try:
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            self._failures.report(_WATCH, f"cannot create device-plugin directory {self.plugin_dir}: {exc}")
-        self._stop.clear()
-        self._keep_watching()
+            self._failures.report(
+                WATCH_FAILURE, f"cannot create device-plugin directory {self.plugin_dir}: {exc}"
+            )
+        self._watch.keep()
         self._start_registrar()
         if not self.kubelet_socket.exists():
-            self._failures.report(
-                _KUBELET, f"waiting for kubelet: {self.kubelet_socket} does not exist yet", logging.INFO
-            )
+            self._waiting_for_kubelet()
 
     def _start_registrar(self) -> None:
-        self._thread = threading.Thread(target=self._supervise, name="plugin-registrar", daemon=True)
-        self._thread.start()
+        self._registrar = _Registrar(self)
+        self._registrar.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._observer is not None:
-            stop_watching(self._observer)
-            self._observer = None
+        if self._registrar is not None:
+            self._registrar.stop()
+            self._registrar = None
+        self._watch.stop()
         with self._serving:
             with self._lock:
                 servers = list(self._servers.values())
@@ -140,10 +132,10 @@ class PluginManager:
 
     def health(self) -> str | None:
         """None when the registrar runs and every served resource is registered; else why not."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
+        registrar = self._registrar
+        if registrar is None or not registrar.alive:
             return "the plugin registrar is not running"
-        if (problem := self._failures.reason(_WATCH)) is not None:
+        if (problem := self._failures.reason(WATCH_FAILURE)) is not None:
             return problem
         with self._lock:
             missing = sorted(set(self._servers) - self._registered)
@@ -173,7 +165,8 @@ class PluginManager:
                 log.info("stopped serving %s: no longer advertised", server.resource_name)
             for name, spec in specs.items():
                 self._apply_one(name, spec)
-        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+        registrar = self._registrar
+        if registrar is not None and not registrar.alive and not registrar.stopping.is_set():
             log.error("the plugin registrar had stopped; starting it again")
             self._start_registrar()
         self._wake.set()
@@ -270,26 +263,26 @@ class PluginManager:
 
     # ---- the registrar ----------------------------------------------------------------------
 
-    def _supervise(self) -> None:
-        """The registrar thread: runs the loop, and runs it again should it ever raise."""
-        while not self._stop.is_set():
+    def _supervise(self, stop: threading.Event) -> None:
+        """The registrar thread: runs the loop until `stop`, and runs it again should it ever raise."""
+        while not stop.is_set():
             try:
-                self._registrar_loop()
+                self._registrar_loop(stop)
             except BaseException as exc:  # this thread must outlive any bug below it
                 log.exception("the plugin registrar failed (%r); restarting it", exc)
-                self._stop.wait(self._max_retry)
+                stop.wait(self._max_retry)
 
-    def _registrar_loop(self) -> None:
+    def _registrar_loop(self, stop: threading.Event) -> None:
         delay = self._min_retry
         done = False
-        while not self._stop.is_set():
+        while not stop.is_set():
             # Idle, the registrar still wakes now and then to check the sockets itself.
             self._wake.wait(timeout=self._max_retry if done else delay)
             self._wake.clear()
-            if self._stop.is_set():
+            if stop.is_set():
                 return
             try:
-                done = self._step()
+                done = self._step(stop)
             except Exception as exc:
                 self._failures.report(
                     _REGISTRAR, f"plugin registration failed unexpectedly, will retry: {exc!r}"
@@ -300,38 +293,13 @@ class PluginManager:
             # Retry fast right after a kubelet restart, then back off so a dead kubelet costs nothing.
             delay = self._min_retry if done else min(delay * 2, self._max_retry)
 
-    def _step(self) -> bool:
+    def _step(self, stop: threading.Event) -> bool:
         """One round of registrar work; True when nothing is left to retry."""
-        watched = self._keep_watching()
+        watched = self._watch.keep()
         self._check_sockets()
         bound = self._rebind_sockets()
-        registered = self._register_pending()
+        registered = self._register_pending(stop)
         return watched and bound and registered
-
-    def _keep_watching(self) -> bool:
-        """Make sure the directory is watched; a watch lost with its directory is re-established."""
-        if self._observer is not None and watching(self._observer):
-            return True
-        if self._observer is not None:
-            stop_watching(self._observer)
-            self._observer = None
-        if not self.plugin_dir.is_dir():
-            self._failures.report(
-                _WATCH, f"device-plugin directory {self.plugin_dir} does not exist; waiting for it"
-            )
-            return False
-        try:
-            self._observer = watch_directories([self.plugin_dir], _DirectoryEvents(self), "plugin-dir-watch")
-        except OSError as exc:
-            self._failures.report(_WATCH, f"cannot watch device-plugin directory {self.plugin_dir}: {exc}")
-            return False
-        if self._failures.clear(_WATCH):
-            log.info("watching device-plugin directory %s again", self.plugin_dir)
-        if self._watched_once:
-            # Whatever happened while nothing watched (sockets wiped, kubelet back) was not seen.
-            self._reregister_all()
-        self._watched_once = True
-        return True
 
     def _check_sockets(self) -> None:
         """What the watch should have told us, checked directly: lost sockets, a new kubelet.sock."""
@@ -369,7 +337,7 @@ class PluginManager:
                     self._rebind.discard(name)
         return ok
 
-    def _register_pending(self) -> bool:
+    def _register_pending(self, stop: threading.Event) -> bool:
         """Try every pending registration; True when none is left pending."""
         with self._lock:
             todo = [
@@ -382,38 +350,44 @@ class PluginManager:
             return not unbound
         kubelet_inode = _inode(self.kubelet_socket)
         if kubelet_inode is None:
-            self._failures.report(
-                _KUBELET, f"waiting for kubelet: {self.kubelet_socket} does not exist yet", logging.INFO
-            )
+            self._waiting_for_kubelet()
             return False
         if self._failures.clear(_KUBELET):
             log.info("kubelet socket %s exists", self.kubelet_socket)
         failed = False
         for name, server, request in todo:
             try:
-                register(
-                    self.kubelet_socket, name, server.socket_path.name, self._stop, self._register_timeout
-                )
+                register(self.kubelet_socket, name, server.socket_path.name, stop, self._register_timeout)
             except RegistrationError as exc:
-                if self._stop.is_set():
+                if stop.is_set():
                     return False
                 self._failures.report(
                     f"register:{name}", f"registering {name} with kubelet failed, will retry: {exc}"
                 )
                 failed = True
                 continue
-            with self._lock:
-                if self._servers.get(name) is not server:
-                    continue  # replaced or stopped while we were registering
-                if self._pending.get(name) != request:
-                    continue  # kubelet restarted meanwhile: this registration went to the old one
-                del self._pending[name]
-                self._registered.add(name)
-                self._kubelet_inode = kubelet_inode
-            self._failures.clear(f"register:{name}")
-            log.info("registered %s with kubelet (endpoint %s)", name, server.socket_path.name)
-            self._events.registered(name)
+            self._accepted(name, server, request, kubelet_inode)
         return not failed and not unbound
+
+    def _accepted(self, name: str, server: ResourceServer, request: int, kubelet_inode: int) -> None:
+        """Kubelet accepted request `request` for `name`: recorded, unless it is stale by now."""
+        with self._lock:
+            if self._servers.get(name) is not server:
+                return  # replaced or stopped while we were registering
+            if self._pending.get(name) != request:
+                return  # kubelet restarted meanwhile: this registration went to the old one
+            del self._pending[name]
+            self._registered.add(name)
+            self._kubelet_inode = kubelet_inode
+        self._failures.clear(f"register:{name}")
+        log.info("registered %s with kubelet (endpoint %s)", name, server.socket_path.name)
+        self._events.registered(name)
+
+    def _waiting_for_kubelet(self) -> None:
+        """There is no kubelet socket (yet): said once, at INFO, until it appears."""
+        self._failures.report(
+            _KUBELET, f"waiting for kubelet: {self.kubelet_socket} does not exist yet", logging.INFO
+        )
 
 
 def _inode(path: Path) -> int | None:

@@ -1,24 +1,20 @@
-"""The v1beta1 DevicePlugin service as gRPC method handlers, with every request bounded before it is used.
+"""The v1beta1 DevicePlugin wire protocol: its limits, and every request parsed and bounded before use.
 
-Requests arrive as raw bytes and are parsed here, not by gRPC: an undecodable request then becomes one
-log line and INVALID_ARGUMENT instead of gRPC's own traceback, and the limits below are checked on the
-parsed message before anything is built from it. gRPC itself refuses messages over MAX_REQUEST_BYTES
-(RESOURCE_EXHAUSTED) before any Python object exists. docs/operations.md ("Limits") states them.
+Requests arrive as raw bytes (server.py's handlers take them so) and are parsed here, not by gRPC: an
+undecodable request then becomes one log line and INVALID_ARGUMENT instead of gRPC's own traceback, and
+the limits below are checked on the parsed message before anything is built from it. gRPC itself refuses
+messages over MAX_REQUEST_BYTES (RESOURCE_EXHAUSTED) before any Python object exists. docs/operations.md
+("Limits") states them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TypeVar
 
-import grpc
 from google.protobuf.message import DecodeError, Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.errors import DevicePluginError
-
-if TYPE_CHECKING:
-    from nvidia_device_plugin.plugin.server import ResourceServer
 
 SERVICE = "v1beta1.DevicePlugin"
 
@@ -71,61 +67,3 @@ def check_preferred(request: pb.PreferredAllocationRequest, device_count: int) -
         check_count(
             f"container_requests[{n}].must_include_deviceIDs", len(c.must_include_deviceIDs), device_count
         )
-
-
-def handlers(server: ResourceServer) -> grpc.GenericRpcHandler[bytes, Message]:
-    """The DevicePlugin service of `server`, requests taken as raw bytes."""
-
-    def options(raw: bytes, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
-        server.parse_or_abort(pb.Empty, raw, context, "GetDevicePluginOptions")
-        return PLUGIN_OPTIONS
-
-    def list_and_watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
-        server.parse_or_abort(pb.Empty, raw, context, "ListAndWatch")
-        return server.stream_devices(context)
-
-    def allocate(raw: bytes, context: grpc.ServicerContext) -> pb.AllocateResponse:
-        def answer() -> pb.AllocateResponse:
-            requests = check_allocate(parse(pb.AllocateRequest, raw), server.device_count)
-            return server.backend.allocate(requests)
-
-        return server.call("Allocate", context, answer)
-
-    def preferred(raw: bytes, context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
-        def answer() -> pb.PreferredAllocationResponse:
-            request = parse(pb.PreferredAllocationRequest, raw)
-            check_preferred(request, server.device_count)
-            response = pb.PreferredAllocationResponse()
-            for c in request.container_requests:
-                ids = server.backend.preferred_allocation(
-                    list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size
-                )
-                response.container_responses.add(deviceIDs=ids)
-            return response
-
-        return server.call("GetPreferredAllocation", context, answer)
-
-    def pre_start(raw: bytes, context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
-        server.parse_or_abort(pb.PreStartContainerRequest, raw, context, "PreStartContainer")
-        return pb.PreStartContainerResponse()
-
-    def unary(fn: Callable[[bytes, grpc.ServicerContext], Any]) -> grpc.RpcMethodHandler[bytes, Message]:
-        # request_deserializer None: the handler gets the bytes as they came off the wire.
-        return grpc.unary_unary_rpc_method_handler(fn, response_serializer=_serialize)
-
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "GetDevicePluginOptions": unary(options),
-            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                list_and_watch, response_serializer=_serialize
-            ),
-            "Allocate": unary(allocate),
-            "GetPreferredAllocation": unary(preferred),
-            "PreStartContainer": unary(pre_start),
-        },
-    )
-
-
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()

@@ -1,8 +1,8 @@
 """One kubelet DevicePlugin gRPC server for one resource, on its own unix socket.
 
 The server knows nothing about GPUs: a ResourceBackend answers what devices exist and how to
-allocate them; this module serves them (protocol.py parses and bounds the requests) and turns project
-errors into gRPC codes.
+allocate them; this module serves them as the v1beta1 DevicePlugin service (protocol.py parses and bounds
+the requests) and turns project errors into gRPC codes.
 
 Streams never starve unary calls: kubelet reads only the newest ListAndWatch stream of a resource
 (each registration opens one), so a new stream ends every older one of the same server. At most one
@@ -22,15 +22,15 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.errors import AllocationError, DevicePluginError
-from nvidia_device_plugin.events import NO_EVENTS, CallError, CallMethod, Events
 from nvidia_device_plugin.plugin import protocol
+from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, CallError, CallMethod, PluginEvents
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class ResourceServer:
         resource_name: str,
         socket_path: Path,
         backend: ResourceBackend,
-        events: Events = NO_EVENTS,
+        events: PluginEvents = NO_PLUGIN_EVENTS,
         max_workers: int = WORKERS,
     ) -> None:
         self.resource_name = resource_name
@@ -163,7 +163,7 @@ class ResourceServer:
             ],
             maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
         )
-        server.add_generic_rpc_handlers((protocol.handlers(self),))
+        server.add_generic_rpc_handlers((handlers(self),))
         try:
             server.add_insecure_port(f"unix:{self.socket_path}")
             server.start()
@@ -273,3 +273,61 @@ class ResourceServer:
             raise
         finally:
             self._events.call_answered(self.resource_name, method, time.perf_counter() - started, error)
+
+
+def handlers(server: ResourceServer) -> grpc.GenericRpcHandler[bytes, Message]:
+    """The DevicePlugin service of `server`, requests taken as raw bytes."""
+
+    def options(raw: bytes, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        server.parse_or_abort(pb.Empty, raw, context, "GetDevicePluginOptions")
+        return protocol.PLUGIN_OPTIONS
+
+    def list_and_watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        server.parse_or_abort(pb.Empty, raw, context, "ListAndWatch")
+        return server.stream_devices(context)
+
+    def allocate(raw: bytes, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        def answer() -> pb.AllocateResponse:
+            requests = protocol.check_allocate(protocol.parse(pb.AllocateRequest, raw), server.device_count)
+            return server.backend.allocate(requests)
+
+        return server.call("Allocate", context, answer)
+
+    def preferred(raw: bytes, context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+        def answer() -> pb.PreferredAllocationResponse:
+            request = protocol.parse(pb.PreferredAllocationRequest, raw)
+            protocol.check_preferred(request, server.device_count)
+            response = pb.PreferredAllocationResponse()
+            for c in request.container_requests:
+                ids = server.backend.preferred_allocation(
+                    list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size
+                )
+                response.container_responses.add(deviceIDs=ids)
+            return response
+
+        return server.call("GetPreferredAllocation", context, answer)
+
+    def pre_start(raw: bytes, context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+        server.parse_or_abort(pb.PreStartContainerRequest, raw, context, "PreStartContainer")
+        return pb.PreStartContainerResponse()
+
+    def unary(fn: Callable[[bytes, grpc.ServicerContext], Any]) -> grpc.RpcMethodHandler[bytes, Message]:
+        # request_deserializer None: the handler gets the bytes as they came off the wire.
+        return grpc.unary_unary_rpc_method_handler(fn, response_serializer=_serialize)
+
+    return grpc.method_handlers_generic_handler(
+        protocol.SERVICE,
+        {
+            "GetDevicePluginOptions": unary(options),
+            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                list_and_watch, response_serializer=_serialize
+            ),
+            "Allocate": unary(allocate),
+            "GetPreferredAllocation": unary(preferred),
+            "PreStartContainer": unary(pre_start),
+        },
+    )
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()

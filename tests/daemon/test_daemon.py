@@ -244,23 +244,6 @@ def test_env_var_selects_plugin_dir_and_node(plugin_dir: Path, kubelet: KubeletS
     assert proc.returncode == 0
 
 
-def test_demo_command() -> None:
-    proc = run_cli("demo")
-    output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, output
-    assert "nvidia.com/gpu: 8 devices" in output
-    assert "env NVIDIA_VISIBLE_DEVICES=GPU-" in output
-
-
-def test_version_and_help() -> None:
-    proc = run_cli("--version")
-    output, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and output.startswith("nvidia-device-plugin 0.")
-    proc = run_cli("--help")
-    output, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0 and all(c in output for c in ("run", "demo", "plan", "check-config"))
-
-
 def configmap_dir(root: Path, content: str, generation: int) -> None:
     """Write a ConfigMap volume the way kubelet does: a timestamped dir, `..data` swapped atomically."""
     data = root / f"..2026_12_02_00_00_{generation:02d}.000000001"

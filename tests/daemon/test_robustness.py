@@ -26,7 +26,8 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.daemon import Daemon
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resources import build_resources, physical_uuid_of
+from nvidia_device_plugin.resource_plans import build_resources
+from nvidia_device_plugin.resources import physical_uuid_of
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.markers import soak

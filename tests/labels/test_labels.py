@@ -270,8 +270,9 @@ def test_gfd_rules_in_isolation() -> None:
     assert [arch_family(*cc) for cc in ((7, 0), (7, 5), (8, 6), (8, 9), (9, 0), (12, 0), (11, 0))] == [
         "volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell", "undefined",
     ]  # fmt: skip
-    assert version_labels("550.54", 0)[N + "cuda.driver.rev"] == ""
-    assert version_labels("bogus", 0) == {}
+    assert version_labels("550.54", None)[N + "cuda.driver.rev"] == ""
+    assert version_labels("bogus", None) == {}
+    assert version_labels("", (12, 4))[N + "cuda.runtime-version.full"] == "12.4"
 
 
 def test_compute_capability_not_supported_drops_architecture_labels(tmp_path: Path) -> None:

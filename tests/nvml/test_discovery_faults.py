@@ -9,7 +9,8 @@ import pynvml
 import pytest
 
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.nvml.discovery import discover, read_numa_node, sysfs_pci_name
+from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.nvml.pci import read_numa_node, sysfs_pci_name
 from nvidia_device_plugin.nvml.sim.node import load_node, parse_node
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
 
@@ -233,15 +234,16 @@ def test_a_gpu_lost_at_start_up_is_advertised_unhealthy_and_does_not_block_the_p
     from nvidia_device_plugin.nvml.session import open_nvml
     from nvidia_device_plugin.snapshot import build_snapshot
 
-    session = open_nvml("dgx-a100")
-    assert session.simulator is not None
-    session.simulator.fail_always("nvmlDeviceGetTopologyCommonAncestor", pynvml.NVML_ERROR_GPU_IS_LOST, gpu=3)
-    snapshot = build_snapshot(session, Config())  # what start and every reload run
-    registry = HealthRegistry()
-    mark_lost_at_start_up(registry, snapshot.inventory)
-    (plan,) = snapshot.plans
-    assert len(plan.devices) == 8
-    unhealthy = [d.gpu_index for d in plan.devices if not registry.is_healthy(d)]
-    assert unhealthy == [3]
-    assert registry.reason(plan.devices[3]) == REASON_LOST_AT_START_UP
-    session.close()
+    with open_nvml("dgx-a100") as session:
+        assert session.simulator is not None
+        session.simulator.fail_always(
+            "nvmlDeviceGetTopologyCommonAncestor", pynvml.NVML_ERROR_GPU_IS_LOST, gpu=3
+        )
+        snapshot = build_snapshot(session, Config())  # what start and every reload run
+        registry = HealthRegistry()
+        mark_lost_at_start_up(registry, snapshot.inventory)
+        (plan,) = snapshot.plans
+        assert len(plan.devices) == 8
+        unhealthy = [d.gpu_index for d in plan.devices if not registry.is_healthy(d)]
+        assert unhealthy == [3]
+        assert registry.reason(plan.devices[3]) == REASON_LOST_AT_START_UP

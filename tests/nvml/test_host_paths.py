@@ -8,7 +8,7 @@ from nvidia_device_plugin.config.v1 import Config, Flags
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.host import REAL_HOST
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.resources import build_resources
+from nvidia_device_plugin.resource_plans import build_resources
 from nvidia_device_plugin.serving.allocate import AllocationSettings, allocate
 
 
@@ -21,8 +21,7 @@ def test_the_real_host_is_the_root_filesystem() -> None:
 
 
 def test_pass_device_specs_allocates_a_mig_device_on_the_simulated_host() -> None:
-    session = open_nvml("a100-mig-mixed")
-    try:
+    with open_nvml("a100-mig-mixed") as session:
         host = session.host
         inventory = discover(session.nv, host.sysfs_root)
         config = Config(flags=Flags(mig_strategy="mixed"))
@@ -58,6 +57,4 @@ def test_pass_device_specs_allocates_a_mig_device_on_the_simulated_host() -> Non
         assert f"gpu1/gi{gi}/access {gi_cap}" in minors
         assert f"gpu1/gi{gi}/ci{ci}/access {gi_cap + 1 + ci}" in minors
         assert "gpu0/gi1/access 12" in minors and "gpu0/gi1/ci0/access 13" in minors
-    finally:
-        session.close()
     assert not host.proc_root.exists()  # the throwaway tree goes with the session

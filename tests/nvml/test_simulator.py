@@ -13,7 +13,9 @@ import nvidia_device_plugin
 from nvidia_device_plugin.devices import PcieLevel
 from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.nvml.api import NvmlApi, api_functions
-from nvidia_device_plugin.nvml.discovery import discover, mig_profile_name, read_numa_node
+from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.nvml.mig_profiles import mig_profile_name
+from nvidia_device_plugin.nvml.pci import read_numa_node
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.node import load_node, preset_names
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml, simulated_functions
@@ -32,7 +34,8 @@ def test_every_api_function_exists_with_pynvml_signature_on_pynvml_and_the_simul
     real = getattr(pynvml, name, None)
     assert callable(real), f"NvmlApi declares {name}, which pynvml does not have"
     assert _parameters(real, drop_self=False) == declared, f"NvmlApi.{name} differs from pynvml's"
-    simulated = vars(SimulatedNvml).get(name)
+    # Looked up without calling __getattr__: the function must be defined by the simulator's classes.
+    simulated = inspect.getattr_static(SimulatedNvml, name, None)
     assert simulated is not None, f"the simulator lacks {name}, which NvmlApi declares"
     assert _parameters(simulated, drop_self=True) == declared, f"SimulatedNvml.{name} differs from pynvml's"
 
@@ -164,11 +167,8 @@ def test_events_reach_registered_sets_with_mig_attribution() -> None:
 
 
 def test_discovery_of_dgx_a100() -> None:
-    session = open_nvml("dgx-a100")
-    try:
-        inventory = discover(session.nv, session.sysfs_root)
-    finally:
-        session.close()
+    with open_nvml("dgx-a100") as session:
+        inventory = discover(session.nv, session.host.sysfs_root)
     assert len(inventory.gpus) == 8
     gpu = inventory.gpus[0]
     assert gpu.name == "NVIDIA A100-SXM4-80GB"
@@ -185,9 +185,8 @@ def test_discovery_of_dgx_a100() -> None:
 
 
 def test_discovery_of_mig_and_pcie_pairs() -> None:
-    session = open_nvml("a100-mig-mixed")
-    inventory = discover(session.nv, session.sysfs_root)
-    session.close()
+    with open_nvml("a100-mig-mixed") as session:
+        inventory = discover(session.nv, session.host.sysfs_root)
     profiles = [[m.profile for m in g.mig_devices] for g in inventory.gpus]
     assert profiles == [["1g.10gb"] * 7, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"], ["3g.40gb"] * 2, []]
     mig = inventory.gpus[1].mig_devices[0]
@@ -195,17 +194,15 @@ def test_discovery_of_mig_and_pcie_pairs() -> None:
     assert mig.uuid.startswith("MIG-")
     assert inventory.gpus[3].mig_enabled is False
 
-    session = open_nvml("pcie-nvlink-pairs")
-    inventory = discover(session.nv, session.sysfs_root)
-    session.close()
+    with open_nvml("pcie-nvlink-pairs") as session:
+        inventory = discover(session.nv, session.host.sysfs_root)
     lanes = {(link.a, link.b): link.nvlinks for link in inventory.links}
     assert lanes == {(0, 1): 12, (2, 3): 12, (0, 2): 0, (0, 3): 0, (1, 2): 0, (1, 3): 0}
 
 
 def test_unknown_numa_is_none_and_t4_has_no_mig() -> None:
-    session = open_nvml("t4-single")
-    inventory = discover(session.nv, session.sysfs_root)
-    session.close()
+    with open_nvml("t4-single") as session:
+        inventory = discover(session.nv, session.host.sysfs_root)
     assert inventory.gpus[0].numa_node is None
     assert inventory.gpus[0].mig_enabled is False
     assert inventory.links == ()

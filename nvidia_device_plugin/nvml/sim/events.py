@@ -28,6 +28,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +112,8 @@ class _Wake(FileSystemEventHandler):
                 self._wake.set()
 
 
-class SimulatedEventFeeder:
-    """Follows `path` on a thread ("sim-events") and applies each line to `sim`.
+class SimulatedEventFeeder(Worker):
+    """Follows `path` on a worker thread ("sim-events") and applies each line to `sim`.
 
     An inotify watch (watchdog) on the file's directory wakes the reader as soon as a line is
     appended, so an injected event reaches NVML in about a millisecond; the poll every
@@ -120,13 +121,12 @@ class SimulatedEventFeeder:
     """
 
     def __init__(self, path: Path, sim: EventSink, poll_interval_s: float = 0.5) -> None:
+        super().__init__("sim-events")
         self._path = path
         self._sim = sim
         self._poll_interval_s = poll_interval_s
-        self._stop = threading.Event()
         self._wake = threading.Event()
         self._observer: BaseObserver | None = None
-        self._thread: threading.Thread | None = None
         self._file: BinaryIO | None = None  # None while the path does not exist
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._offset = 0
@@ -142,28 +142,26 @@ class SimulatedEventFeeder:
         return self._applied
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("SimulatedEventFeeder.start() called twice")
-        log.info("simulated events: following %s", self._path)
-        if self._path.parent.is_dir():
-            self._observer = watch_directories(
-                [self._path.parent], _Wake(self._path, self._wake), "sim-events-watch"
-            )
-        self._thread = threading.Thread(target=self._run, name="sim-events", daemon=True)
-        self._thread.start()
+        if not self.started:  # a second start raises in Worker.start, before a second watch is made
+            log.info("simulated events: following %s", self._path)
+            if self._path.parent.is_dir():
+                self._observer = watch_directories(
+                    [self._path.parent], _Wake(self._path, self._wake), "sim-events-watch"
+                )
+        super().start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+    def stop(self, timeout: float | None = None) -> None:
+        super().stop(timeout)
         if self._observer is not None:
             stop_watching(self._observer)
             self._observer = None
-        if self._thread is not None:
-            self._thread.join(timeout=self._poll_interval_s + 5.0)
         self._close()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             try:
                 self.poll()
                 self._read_error = None

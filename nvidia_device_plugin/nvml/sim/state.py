@@ -1,17 +1,20 @@
 """The state and controls of a simulated node's NVML (not pynvml): injected events, lost GPUs, failures.
 
-SimulatedNvml (nvml/sim/simulator.py) is this plus the pynvml functions; the split keeps each file short.
+SimulatedNvml (nvml/sim/simulator.py) is this plus the pynvml functions, which live by job in devices.py,
+mig.py, topology.py and event_sets.py; each marks its functions with `pynvml_function`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pynvml
 
@@ -20,6 +23,7 @@ from nvidia_device_plugin.nvml.api import (
     EventSetHandle,
     PciInfo,
 )
+from nvidia_device_plugin.nvml.events import NOT_ATTRIBUTED
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
 from nvidia_device_plugin.nvml.sim.host import materialize_host, mig_instance_ids
@@ -29,7 +33,9 @@ _GPU_STRIDE = 0x10000
 _MIG_STRIDE = 0x100
 _EVENT_SET_BASE = 0x7F000000
 _GPU_INSTANCE_BASE = 0x40000000  # + GPU index * 0x100 + GPU instance ID
-NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
+
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _nvml_error(code: int) -> pynvml.NVMLError:
@@ -62,6 +68,8 @@ class SimulatorState:
         self._ecc_uncorrected: dict[int, int] = {}
         self._remapped: dict[int, tuple[int, int]] = {}  # GPU index -> (pending, failure)
         self._recovery_action: dict[int, int] = {}
+        # Every GPU starts in DEFAULT; MIG devices have no compute mode of their own.
+        self._compute_modes: dict[int, int] = {}
         self._lock = threading.RLock()
         self._events_ready = threading.Condition(self._lock)
         self._init_count = 0
@@ -253,3 +261,19 @@ class SimulatorState:
         info.device = int(rest.split(".")[0], 16)
         pci: PciInfo = info
         return pci
+
+
+def pynvml_function(fn: F) -> F:
+    """Marks a pynvml function of the simulator: applies injected failures and checks init under the
+    lock, then calls it outside the lock."""
+
+    @functools.wraps(fn)
+    def wrapper(self: SimulatorState, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._maybe_fail(fn.__name__, args[0] if args else None)
+            if fn.__name__ != "nvmlInit" and self._init_count == 0:
+                raise _nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+        return fn(self, *args, **kwargs)
+
+    wrapper.__dict__["pynvml_api"] = True
+    return wrapper  # type: ignore[return-value]

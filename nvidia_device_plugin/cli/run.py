@@ -1,0 +1,128 @@
+"""`nvidia-device-plugin run` (the default command): the device-plugin daemon and its flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, config_loader, env_value
+from nvidia_device_plugin.cli.labels import add_labels_file_arguments, labels_options
+from nvidia_device_plugin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.config.source import ConfigSource
+    from nvidia_device_plugin.config.watch import ConfigWatcher
+    from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
+
+log = logging.getLogger("nvidia_device_plugin")
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_METRICS_ADDRESS = ":9402"
+
+
+def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
+    run = commands("run", help="run the device plugin daemon (the default command)")
+    add_common_arguments(run, environ)
+    run.add_argument(
+        "--device-plugin-path",
+        default=env_value(environ, "DEVICE_PLUGIN_PATH", DEFAULT_PLUGIN_DIR),
+        help=f"kubelet's device-plugin directory (default {DEFAULT_PLUGIN_DIR}) [env DEVICE_PLUGIN_PATH]",
+    )
+    run.add_argument(
+        "--kubelet-socket",
+        default=env_value(environ, "KUBELET_SOCKET", "kubelet.sock"),
+        help="kubelet registration socket, relative to --device-plugin-path [env KUBELET_SOCKET]",
+    )
+    run.add_argument(
+        "--node-config-label",
+        default=env_value(environ, "NVDP_NODE_CONFIG_LABEL", ""),
+        metavar="LABEL",
+        help="choose the config in --config-dir by this label of the node "
+        "(e.g. nvidia.com/device-plugin.config), followed live, with --config-default and "
+        "--config-fallback-strategies as NVIDIA's config-manager uses them; needs NODE_NAME and "
+        "list/watch on the node [env NVDP_NODE_CONFIG_LABEL]",
+    )
+    run.add_argument(
+        "--node-name",
+        default=env_value(environ, "NODE_NAME", ""),
+        help="this node's name, for --node-config-label [env NODE_NAME]",
+    )
+    run.add_argument(
+        "--simulate-events",
+        metavar="FILE",
+        default=env_value(environ, "NVDP_SIMULATE_EVENTS"),
+        help="JSON-lines file of injected health events for --simulate [env NVDP_SIMULATE_EVENTS]",
+    )
+    run.add_argument(
+        "--metrics-address",
+        default=env_value(environ, "NVDP_METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS),
+        help=f"host:port for /metrics, /healthz, /readyz (default {DEFAULT_METRICS_ADDRESS}; empty disables) "
+        "[env NVDP_METRICS_ADDRESS]",
+    )
+    add_labels_file_arguments(run, environ)
+    run.set_defaults(handler=run_daemon)
+
+
+def _node_label_follower(args: argparse.Namespace, source: ConfigSource) -> NodeLabelConfig | None:
+    """The in-process config-manager, when --node-config-label asks for one (the only `run` that imports
+    the kubernetes client)."""
+    if not args.node_config_label:
+        return None
+    from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
+
+    if source.directory is None:
+        raise ConfigError("--node-config-label chooses a file in --config-dir; give --config-dir")
+    return NodeLabelConfig(
+        args.node_name,
+        args.node_config_label,
+        source.directory,
+        source.default_name or "",
+        source.fallback_strategies,
+    )
+
+
+def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from nvidia_device_plugin.cli.session import nvml_opener
+    from nvidia_device_plugin.config.flags import config_source, load_from
+    from nvidia_device_plugin.config.source import ConfigSource
+    from nvidia_device_plugin.config.watch import ConfigWatcher
+    from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+    from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
+    from nvidia_device_plugin.signals import serve_until_stopped
+
+    load_config = config_loader(args, environ)
+    source = config_source(args, environ)
+    follower = _node_label_follower(args, source)
+    if follower is not None:
+        source = ConfigSource.from_file(follower.config_file)  # linked by the follower when it starts
+        linked = source
+        load_config = lambda: load_from(linked, args, environ)  # noqa: E731 (the file the label chose)
+
+    def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
+        return ConfigWatcher(source, on_change)
+
+    open_session, simulator = nvml_opener(args.simulate)
+    if args.simulate_events and simulator is None:
+        log.warning("--simulate-events %s ignored: it needs --simulate", args.simulate_events)
+    daemon = Daemon(
+        DaemonOptions(
+            plugin_dir=Path(args.device_plugin_path),
+            load_config=load_config,
+            open_nvml=open_session,
+            watch=watcher if source.watch_paths() else None,
+            kubelet_socket=args.kubelet_socket,
+            metrics_address=args.metrics_address or "",
+            labels=labels_options(args),
+            node_config=follower,
+            simulated_events=(
+                SimulatedEventFeeder(Path(args.simulate_events), simulator)
+                if simulator is not None and args.simulate_events
+                else None
+            ),
+        )
+    )
+    serve_until_stopped(daemon.start, daemon.reload, daemon.stop)  # the daemon starts and stops them all
+    return 0

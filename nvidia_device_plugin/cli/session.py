@@ -1,0 +1,30 @@
+"""The one place that chooses real or simulated NVML: `--simulate NODE` (or NVDP_SIMULATE) picks the
+simulator, anything else the real library. No module outside cli/ makes that choice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.nvml.session import NvmlSession
+    from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
+
+
+def open_session(simulate: str | None) -> NvmlSession:
+    """A session for a command that reads the node once (plan, labels, gpu-feature-discovery), or one
+    whose daemon opens it when it starts (mps-control-daemon); the caller closes it."""
+    from nvidia_device_plugin.nvml.session import open_nvml
+
+    return open_nvml(simulate)
+
+
+def nvml_opener(simulate: str | None) -> tuple[Callable[[], NvmlSession], SimulatedNvml | None]:
+    """How the daemon opens NVML: the real library, or (for --simulate) a simulated node made here, so
+    that the caller can drive the simulator (inject events) while the daemon uses it like real NVML."""
+    from nvidia_device_plugin.nvml.session import open_nvml
+
+    if not simulate:
+        return open_nvml, None
+    session = open_nvml(simulate)
+    return (lambda: session), session.simulator

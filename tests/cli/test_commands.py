@@ -1,0 +1,54 @@
+"""The `nvidia-device-plugin` command line as a user meets it: the commands, the default one, demo, help."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nvidia_device_plugin.cli.main import COMMANDS, build_parser
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nvidia_device_plugin", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_parses_with_its_defaults(command: str) -> None:
+    argv = [command, "config.yaml"] if command == "check-config" else [command]
+    args = build_parser({}).parse_args(argv)
+    assert args.command == command
+    assert callable(args.handler)
+
+
+def test_no_command_is_run() -> None:
+    # --metrics-address is run's own flag: any other command would refuse it (exit 2) before starting.
+    proc = run_cli("--simulate", "no-such-node", "--metrics-address", "")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 1, output
+    assert "simulated node 'no-such-node' is neither a preset" in output
+
+
+def test_demo_command() -> None:
+    proc = run_cli("demo")
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "nvidia.com/gpu: 8 devices" in output
+    assert "env NVIDIA_VISIBLE_DEVICES=GPU-" in output
+
+
+def test_version_and_help() -> None:
+    proc = run_cli("--version")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and output.startswith("nvidia-device-plugin 0.")
+    proc = run_cli("--help")
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and all(c in output for c in ("run", "demo", "plan", "check-config"))

@@ -1,0 +1,106 @@
+"""Each command imports only what it uses: read in a fresh interpreter, after the command ran for real.
+
+`plan`, `check-config` and `labels` read and print: no gRPC server, no Prometheus client, no kubernetes
+client, no file watching. `run` serves kubelet (gRPC, metrics) but imports the kubernetes client only when
+`--node-config-label` asks it to follow a node label.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+
+from support.daemon_support import GPU
+
+# Runs the command through the real entry point, then reports which modules ended up loaded.
+_REPORT_MODULES = """
+import atexit, json, sys
+atexit.register(lambda: print("MODULES " + json.dumps(sorted(sys.modules)), flush=True))
+from nvidia_device_plugin.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+NOT_FOR_READING_COMMANDS = (
+    "kubernetes",
+    "prometheus_client",
+    "grpc",
+    "watchdog",
+    "nvidia_device_plugin.daemon",
+    "nvidia_device_plugin.metrics",
+    "nvidia_device_plugin.plugin.server",
+    "nvidia_device_plugin.configmanager.nodewatch",
+)
+
+
+def _modules(output: str) -> set[str]:
+    line = next(line for line in output.splitlines() if line.startswith("MODULES "))
+    return set(json.loads(line.removeprefix("MODULES ")))
+
+
+def _run_command(*argv: str) -> set[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _REPORT_MODULES, *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return _modules(proc.stdout)
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 2\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(("plan", "--simulate", "t4-single"), id="plan"),
+        pytest.param(("plan", "--simulate", "t4-single", "--output", "json"), id="plan-json"),
+        pytest.param(("labels", "--simulate", "t4-single", "--no-timestamp"), id="labels"),
+    ],
+)
+def test_reading_commands_import_no_server_metrics_or_kubernetes(argv: tuple[str, ...]) -> None:
+    loaded = _run_command(*argv)
+    assert "nvidia_device_plugin.snapshot" in loaded  # it did read the node
+    assert sorted(loaded & set(NOT_FOR_READING_COMMANDS)) == []
+
+
+def test_check_config_imports_no_server_metrics_or_kubernetes(config_file: Path) -> None:
+    loaded = _run_command("check-config", str(config_file))
+    assert "nvidia_device_plugin.config.loader" in loaded
+    assert sorted(loaded & set(NOT_FOR_READING_COMMANDS)) == []
+
+
+def test_run_without_a_node_label_does_not_import_the_kubernetes_client(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    argv = ["run", "--simulate", "t4-single", "--device-plugin-path", str(plugin_dir)]
+    argv += ["--metrics-address", ""]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _REPORT_MODULES, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert kubelet.wait_for_resources([GPU], timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        output, errors = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, errors
+    loaded = _modules(output)
+    assert {"grpc", "prometheus_client", "nvidia_device_plugin.daemon"} <= loaded  # it served
+    assert "kubernetes" not in loaded
+    assert "nvidia_device_plugin.configmanager.inprocess" not in loaded
