@@ -1,18 +1,24 @@
-"""The daemon: owns every thread of the process and wires the snapshot pipeline to the plugin servers.
+"""The daemon of `run`: owns every worker of the process and wires the snapshot pipeline to the servers.
 
 NVML session + config -> build_snapshot -> one plugin server per resource plan; health changes and config
-reloads feed the same path. Lifecycle (one log line each): starting, NVML ready, inventory discovered,
-serving, config reloaded or rejected, stopping, stopped. Reloads and health changes never restart the
-process: the plugin manager diffs the new resource set against what it serves.
+reloads (snapshot.SnapshotFollower) feed the same path. Lifecycle (one log line each): starting, inventory
+discovered, serving, config reloaded or rejected, stopping, stopped. Reloads and health changes never restart
+the process: the plugin manager diffs the new resource set against what it serves.
 
-The daemon does not know whether NVML is real or simulated beyond `NvmlSession.simulated`: the caller
-hands it a function that opens the session (cli.py and demo.py choose, and drive a simulator themselves).
+Every thread of the process belongs to one of the daemon's `workers`, in start order (stopped in reverse):
+the probes server (first, so the liveness probe answers while discovery runs), the node-label follower
+(its config file must exist before the first load), the config watch (before the first load, so an edit
+during start-up is not missed), the labels writer, the reload retry, MPS readiness; then, once NVML is
+open, the plugin manager (its registrar and gRPC servers) and the health monitor of the served snapshot;
+last the simulated events feeder, once health is watched.
+
+The daemon does not know whether NVML is real or simulated: the caller hands it a function that opens the
+session, and drives a simulator itself through the `simulated_events` worker it passes in (cli/ chooses).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +27,12 @@ from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import describe
-from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlError
+from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
 from nvidia_device_plugin.labels import LabelsFileWriter, LabelsOptions
+from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
@@ -38,13 +45,10 @@ from nvidia_device_plugin.sharing.readiness import (
     MpsReadinessWatcher,
     ReadinessChange,
 )
-from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
+from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
+from nvidia_device_plugin.workers import Worker, WorkerGroup
 
 log = logging.getLogger(__name__)
-
-# A reload rejected for a transient reason (NVML failing during discovery) is retried with this backoff.
-RELOAD_RETRY_MIN_S = 1.0
-RELOAD_RETRY_MAX_S = 60.0
 
 ConfigWatcherFactory = Callable[[Callable[[], None]], ConfigWatcher]
 
@@ -59,6 +63,11 @@ class DaemonOptions:
     metrics_address: str = ""  # host:port of /metrics, /healthz, /readyz; empty: no HTTP server
     mps_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often MPS status files are re-read
     labels: LabelsOptions | None = None  # --labels-file: NFD features.d file following every change
+    # --node-config-label: keeps the config file `load_config` reads linked to the one the node's label
+    # names (configmanager.inprocess.NodeLabelConfig); its start makes the first choice or raises.
+    node_config: Worker | None = None
+    # --simulate-events: drives the simulated NVML `open_nvml` returns (nvml.sim.events).
+    simulated_events: Worker | None = None
 
 
 class Daemon:
@@ -69,13 +78,16 @@ class Daemon:
         self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, events=self.metrics)
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
-        self._reload_lock = threading.Lock()
         self.cdi = CdiPublisher()  # CDI specs of the served snapshot (cdi-annotations / cdi-cri)
-        self._reported: set[str] = set()  # discovery problems and MIG violations already logged
-        self._retry: threading.Timer | None = None
-        self._retry_delay_s = RELOAD_RETRY_MIN_S
+        self._discovery = FailureLog(log)  # discovery problems and MIG violations, each logged once
+        self.reloads = SnapshotFollower(
+            options.load_config,
+            self._apply_reload,
+            check=_servable,
+            kept="still serving the previous config",
+            on_result=self.metrics.config_reloaded,
+        )
         self._monitor: HealthMonitor | None = None
-        self._watcher: ConfigWatcher | None = None
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
         self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
@@ -84,12 +96,23 @@ class Daemon:
             if options.metrics_address
             else None
         )
-
         self.labels = (
             LabelsFileWriter(options.labels, lambda: (self.snapshot, self.registry.unhealthy()))
             if options.labels is not None
             else None
         )
+        self.workers = WorkerGroup()  # every thread of the process, in start order (see the module doc)
+        watcher = options.watch(self._on_config_file_changed) if options.watch is not None else None
+        for part in (
+            self._probes,
+            options.node_config,
+            watcher,
+            self.labels.worker if self.labels is not None else None,
+            self.reloads.retry,
+            self.mps_readiness,
+        ):
+            if part is not None:
+                self.workers.add(part)
 
     @property
     def probes(self) -> ProbeServer | None:
@@ -100,17 +123,11 @@ class Daemon:
     def start(self) -> None:
         """Start serving. Raises ConfigError / NvmlError / InventoryError when nothing sane can be served."""
         log.info("starting: device-plugin directory %s", self.options.plugin_dir)
-        if self._probes is not None:
-            self._probes.start()  # first, so the liveness probe answers while discovery runs
-        if self.options.watch is not None:
-            # Watch before the first load, so an edit landing during start-up is not missed; its
-            # reload waits on the lock below until the first snapshot is served.
-            self._watcher = self.options.watch(self._on_config_file_changed)
-            self._watcher.start()
-        if self.labels is not None:
-            self.labels.start()
-        with self._reload_lock:
+        self.workers.start_all()
+        with self.reloads.lock:  # a reload asked for meanwhile waits until the first snapshot is served
             self._start_serving()
+        if self.options.simulated_events is not None:
+            self.workers.start(self.options.simulated_events)
 
     def _start_serving(self) -> None:
         config = self.options.load_config()
@@ -125,11 +142,11 @@ class Daemon:
                 "nodes only, or fix the driver and restart the pod)",
                 exc,
             )
-            self.manager.start()
+            self.workers.start(self.manager)
             if self.labels is not None:
                 self.labels.notify()  # no GPUs to label: an empty file clears the node's labels
             return
-        snapshot = _servable(build_snapshot(self.nvml, config))
+        snapshot = self.reloads.first(self.nvml, config)
         inventory = snapshot.inventory
         log.info(
             "inventory: %d GPUs (%s), driver %s",
@@ -139,34 +156,22 @@ class Daemon:
         )
         _announce_config(snapshot, None)
         self._unsubscribe = self.registry.subscribe(self._on_health_change)
-        self.manager.start()
+        self.workers.start(self.manager)
         self._report_discovery(snapshot)
         mark_lost_at_start_up(self.registry, snapshot.inventory)
         self._serve(snapshot)
-        self.mps_readiness.start()
-        self._start_health(snapshot)
+        self._watch_health(snapshot)
 
     def _on_config_file_changed(self) -> None:
         self.reload("config file changed")
 
     def stop(self) -> None:
         log.info("stopping")
-        if self._retry is not None:
-            self._retry.cancel()
-        if self._watcher is not None:
-            self._watcher.stop()
-        if self._monitor is not None:
-            self._monitor.stop()
-        self.mps_readiness.stop()
-        if self.labels is not None:
-            self.labels.stop()
-        self.manager.stop()
+        self.workers.stop_all()
         if self._unsubscribe is not None:
             self._unsubscribe()
         if self.nvml is not None:
             self.nvml.close()
-        if self._probes is not None:
-            self._probes.stop()
         log.info("stopped")
 
     # ---- probes -----------------------------------------------------------------------------
@@ -174,9 +179,12 @@ class Daemon:
     def liveness(self) -> str | None:
         """None while the process does its job; else why the liveness probe should restart it.
 
-        Only the registrar can stall the node for good (a dead thread or a registration that never
-        lands): the liveness probe restarts the pod then. A node without resources to serve is live.
+        A worker whose thread ended with an error (a bug: every loop catches what it expects) no longer
+        does its job, and the registrar can stall the node for good (a dead thread or a registration that
+        never lands): the liveness probe restarts the pod then. A node without resources to serve is live.
         """
+        if dead := self.workers.failures():
+            return "; ".join(f"thread {name} ended: {why}" for name, why in sorted(dead.items()))
         if not self.manager.served():
             return None
         return self.manager.health()
@@ -199,64 +207,26 @@ class Daemon:
 
     def reload(self, reason: str) -> bool:
         """Apply the current config; on any error keep serving the last good one. True when applied."""
-        with self._reload_lock:
-            old = self.snapshot
-            if old is None or self.nvml is None:
-                return False
-            try:
-                snapshot = _servable(
-                    build_snapshot(self.nvml, self.options.load_config(), previous=old.inventory)
-                )
-            except Exception as exc:  # whatever went wrong, the last good config keeps serving
-                message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
-                log.error(
-                    "config reload (%s) rejected, still serving the previous config: %s", reason, message
-                )
-                self.metrics.config_reloaded(False, message)
-                if isinstance(exc, NvmlError):
-                    self._schedule_retry(reason)
-                return False
-            self._retry_delay_s = RELOAD_RETRY_MIN_S
-            self._report_discovery(snapshot)
-            mark_lost_at_start_up(self.registry, snapshot.inventory)
-            _announce_config(snapshot, old)
-            self._serve(snapshot)
-            if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
-                self._start_health(snapshot)
-            log.info(
-                "config reloaded (%s): %s",
-                reason,
-                ", ".join(f"{p.name} x{len(p.devices)}" for p in snapshot.plans) or "no resources",
-            )
-            self.metrics.config_reloaded(True, "")
-            return True
+        return self.reloads.reload(reason)
 
-    def _schedule_retry(self, reason: str) -> None:
-        """Retry a reload NVML made fail, with backoff; a later successful reload resets it."""
-        pending = self._retry
-        if pending is not None and pending.is_alive() and pending is not threading.current_thread():
-            return  # one is already waiting; a retry that fails again schedules the next one itself
-        delay = self._retry_delay_s
-        self._retry_delay_s = min(delay * 2, RELOAD_RETRY_MAX_S)
-        log.info("retrying the config reload in %gs (NVML failed during discovery)", delay)
-        self._retry = threading.Timer(delay, self.reload, args=(f"retry of: {reason}",))
-        self._retry.daemon = True
-        self._retry.name = "reload-retry"
-        self._retry.start()
+    def _apply_reload(self, snapshot: Snapshot, old: Snapshot) -> None:
+        """Serve `snapshot` in place of `old` (the follower holds its lock)."""
+        self._report_discovery(snapshot)
+        mark_lost_at_start_up(self.registry, snapshot.inventory)
+        _announce_config(snapshot, old)
+        self._serve(snapshot)
+        if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
+            self._watch_health(snapshot)
 
     def _report_discovery(self, snapshot: Snapshot) -> None:
         """One line per discovery problem and MIG-strategy violation, when first seen."""
         for problem in snapshot.inventory.problems:
-            key = f"problem {problem.gpu_index} {problem.kind}"
-            if key not in self._reported:
-                self._reported.add(key)
-                log.warning("discovery: %s", problem.message)
+            self._discovery.report(
+                f"problem {problem.gpu_index} {problem.kind}", f"discovery: {problem.message}"
+            )
         for violation in snapshot.mig_violations:
             self.metrics.mig_strategy_violation(violation.gpu_uuid, violation.strategy)
-            key = f"mig {violation.gpu_uuid} {violation.strategy} {violation.message}"
-            if key not in self._reported:
-                self._reported.add(key)
-                log.warning("%s", violation.message)
+            self._discovery.report(f"mig {violation.gpu_uuid} {violation.strategy}", violation.message)
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -289,18 +259,14 @@ class Daemon:
         if self.labels is not None:
             self.labels.notify()
 
-    def _start_health(self, snapshot: Snapshot) -> None:
-        if self._monitor is not None:
-            self._monitor.stop()
+    def _watch_health(self, snapshot: Snapshot) -> None:
+        """A health monitor for `snapshot`, in place of the previous one (which stops first)."""
         assert self.nvml is not None
-        self._monitor = HealthMonitor(
-            self.nvml.nv,
-            snapshot.inventory,
-            snapshot.config.health,
-            self.registry,
-            events=self.metrics,
+        monitor = HealthMonitor(
+            self.nvml.nv, snapshot.inventory, snapshot.config.health, self.registry, events=self.metrics
         )
-        self._monitor.start()
+        self.workers.replace(self._monitor, monitor)
+        self._monitor = monitor
 
     def _on_mps_readiness_change(self, change: ReadinessChange) -> None:
         """One log line per MPS readiness flip, and an immediate ListAndWatch push of its resource."""

@@ -90,17 +90,43 @@ class FailureLog:
         self._lock = threading.Lock()
         self._reasons: dict[str, str] = {}
 
-    def report(self, key: str, message: str, level: int = logging.WARNING) -> None:
+    def report(self, key: str, message: str, level: int = logging.WARNING, exc_info: bool = False) -> bool:
+        """Log `message` unless it is `key`'s failure already; True when logged. `exc_info` adds the
+        traceback of the exception being handled (for failures that are bugs rather than conditions)."""
         with self._lock:
             if self._reasons.get(key) == message:
-                return
+                return False
             self._reasons[key] = message
-        self._log.log(level, "%s", message)
+        self._log.log(level, "%s", message, exc_info=exc_info or None)  # None, not False, when not asked
+        return True
+
+    def report_first(
+        self, key: str, message: str, level: int = logging.WARNING, exc_info: bool = False
+    ) -> bool:
+        """Log `message` only when `key` has no failure yet; True when logged. For a failure many things
+        share (one NVML error code on every GPU): the first one's line speaks for all until `clear`."""
+        with self._lock:
+            if key in self._reasons:
+                return False
+            self._reasons[key] = message
+        self._log.log(level, "%s", message, exc_info=exc_info or None)  # None, not False, when not asked
+        return True
 
     def clear(self, key: str) -> bool:
         """Forget `key`'s failure; True when there was one (the caller logs the recovery)."""
         with self._lock:
             return self._reasons.pop(key, None) is not None
+
+    def clear_all(self) -> bool:
+        """Forget every failure; True when there was one (the caller logs the recovery)."""
+        with self._lock:
+            had, self._reasons = bool(self._reasons), {}
+            return had
+
+    def __len__(self) -> int:
+        """How many failures are outstanding (for a caller that bounds what it keeps)."""
+        with self._lock:
+            return len(self._reasons)
 
     def reason(self, key: str) -> str | None:
         with self._lock:

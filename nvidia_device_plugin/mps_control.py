@@ -18,23 +18,28 @@ withdrawn and its compute mode set back to DEFAULT; that is the only time a daem
 this command and leaves the daemons running, so a rolling update of this DaemonSet does not end a single
 client; the next start adopts them through their pid files. To end MPS on a node, remove it from the
 config first, then the DaemonSet.
+
+Reloads go through snapshot.SnapshotFollower, as the plugin's do: a GPU NVML can no longer open is carried
+over as lost (so its daemon is kept, not quit), a reload NVML made fail is retried with backoff, and any
+error keeps the daemons of the last good config. Its workers, in start order: the config watch, the reload
+retry, then (once the first snapshot is applied) the supervisor; stopped in reverse.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
-from nvidia_device_plugin.errors import DevicePluginError, NvmlError
+from nvidia_device_plugin.errors import NvmlError
 from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor, daemon_specs
-from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
+from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
+from nvidia_device_plugin.workers import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -65,35 +70,25 @@ class MpsControlDaemon:
             backoff_initial_s=options.backoff_initial_s,
             backoff_max_s=options.backoff_max_s,
         )
-        self._lock = threading.Lock()
-        self._watcher: ConfigWatcher | None = None
+        self.reloads = SnapshotFollower(options.load_config, self._apply_reload, kept="MPS daemons unchanged")
+        self.workers = WorkerGroup()
+        if options.watch is not None:
+            self.workers.add(options.watch(self._on_config_file_changed))
+        self.workers.add(self.reloads.retry)
 
     def start(self) -> None:
         """Start supervising. Raises ConfigError / NvmlError / InventoryError when nothing sane can run."""
         log.info("mps-control-daemon starting (control binary %s)", self.options.control_path)
-        if self.options.watch is not None:
-            self._watcher = self.options.watch(self._on_config_file_changed)
-            self._watcher.start()
-        with self._lock:
+        self.workers.start_all()  # the watch first: an edit during start-up waits for the lock, then lands
+        with self.reloads.lock:
             config = self.options.load_config()
             self.nvml = self.options.open_nvml()
-            self._apply(build_snapshot(self.nvml, config))
-        self.supervisor.start()
+            self._apply(self.reloads.first(self.nvml, config))
+        self.workers.start(self.supervisor)
 
     def reload(self, reason: str) -> bool:
         """Apply the current config; on any error keep the daemons of the last good one. True when applied."""
-        with self._lock:
-            if self.nvml is None:
-                return False
-            try:
-                snapshot = build_snapshot(self.nvml, self.options.load_config())
-            except Exception as exc:  # whatever went wrong, the running daemons stay as they are
-                message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
-                log.error("config reload (%s) rejected, MPS daemons unchanged: %s", reason, message)
-                return False
-            self._apply(snapshot)
-            log.info("config reloaded (%s)", reason)
-            return True
+        return self.reloads.reload(reason)
 
     def _on_config_file_changed(self) -> None:
         self.reload("config file changed")
@@ -101,12 +96,13 @@ class MpsControlDaemon:
     def stop(self) -> None:
         """Stop this command; the MPS control daemons keep running for their clients (see the module doc)."""
         log.info("mps-control-daemon stopping; MPS control daemons are left running for their clients")
-        if self._watcher is not None:
-            self._watcher.stop()
-        self.supervisor.stop()
+        self.workers.stop_all()
         if self.nvml is not None:
             self.nvml.close()
         log.info("mps-control-daemon stopped")
+
+    def _apply_reload(self, snapshot: Snapshot, old: Snapshot) -> None:
+        self._apply(snapshot)
 
     def _apply(self, snapshot: Snapshot) -> None:
         mps_root = snapshot.config.flags.mps_root

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.errors import ConfigError, DevicePluginError
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -161,21 +162,21 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-class ProbeServer:
-    """The running HTTP server; start() binds and serves on a named thread, stop() shuts down and joins it."""
+class ProbeServer(Worker):
+    """The HTTP server: start() binds, then serves on its thread ("probes-http"); stop() shuts it down."""
 
     def __init__(
         self, address: str, render_metrics: RenderMetrics, liveness: Check, readiness: Check
     ) -> None:
+        super().__init__("probes-http")
         self.address = address
         self._handler = _handler_class(_RenderCache(render_metrics, RENDER_CACHE_S), liveness, readiness)
         self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
         self.host = ""
         self.port = 0
 
-    def start(self) -> None:
-        """Bind and serve; ConfigError for a malformed address, DevicePluginError when it cannot bind."""
+    def setup(self) -> bool:
+        """Bind; ConfigError for a malformed address, DevicePluginError when it cannot bind."""
         host, port = parse_address(self.address)
         server_class = _Server6 if ":" in host else _Server
         try:
@@ -186,23 +187,25 @@ class ProbeServer:
             ) from None
         bound_host, bound_port = self._server.server_address[:2]
         self.host, self.port = str(bound_host), int(bound_port)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(_SHUTDOWN_POLL_S,), name="probes-http", daemon=True
-        )
-        self._thread.start()
         log.info("http: serving /metrics, /healthz and /readyz on %s:%d", self.host, self.port)
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        if self._server is not None:
+            self._server.serve_forever(_SHUTDOWN_POLL_S)
+
+    def wake(self) -> None:
+        server = self._server
+        if server is not None and self.started:
+            server.shutdown()  # returns once serve_forever has; at most one poll interval
+
+    def cleanup(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.server_close()
+            log.info("http: stopped")
 
     @property
     def refused_connections(self) -> int:
-        return self._server.refused if self._server is not None else 0
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        if self._thread is not None:
-            server.shutdown()
-            self._thread.join()
-            self._thread = None
-        server.server_close()
-        log.info("http: stopped")
+        server = self._server
+        return server.refused if server is not None else 0

@@ -2,12 +2,16 @@
 
 Everything that needs "what would this node advertise" calls `build_snapshot`: the daemon at start and on
 every reload, `plan`, `demo`, the benchmarks and the tests. A Snapshot is replaced whole, never mutated, so
-a reader (a gRPC call, a scrape) always sees one consistent moment.
+a reader (a gRPC call, a scrape) always sees one consistent moment. Both daemons move from one snapshot to
+the next through `SnapshotFollower` (at the end of this module).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
@@ -15,13 +19,16 @@ from nvidia_device_plugin.cdi.model import CdiPlan
 from nvidia_device_plugin.cdi.spec import plan_cdi
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import DiscoveryProblem, Inventory
-from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlError
 from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.resource_plans import build_resources
 from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.serving.allocate import AllocationSettings
+from nvidia_device_plugin.workers import Worker
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -150,3 +157,138 @@ def _wire_device(device_id: str, numa_node: int | None) -> pb.Device:
     if numa_node is not None:
         device.topology.nodes.add(ID=numa_node)
     return device
+
+
+# ---- the follower: how a running daemon moves from one snapshot to the next ---------------------------
+
+# A reload rejected for a transient reason (NVML failing during discovery) is retried with this backoff.
+RELOAD_RETRY_MIN_S = 1.0
+RELOAD_RETRY_MAX_S = 60.0
+
+Apply = Callable[[Snapshot, Snapshot], None]  # (new, old): make the daemon act on `new` instead of `old`
+
+
+def _as_is(snapshot: Snapshot) -> Snapshot:
+    return snapshot
+
+
+def _no_report(applied: bool, message: str) -> None:
+    return None
+
+
+class SnapshotFollower:
+    """One daemon's snapshot, and the one way it changes while the daemon runs: `reload(reason)`.
+
+    Both long-running commands (`run`, `mps-control-daemon`) reload through this, so they behave alike:
+
+    * the next snapshot is built from the config as `load_config` reads it now, with the current
+      inventory as `previous` (a GPU NVML can no longer open is carried over as lost, see build_snapshot);
+    * any error keeps the last good snapshot, with one log line saying what is kept and why;
+    * a reload that NVML made fail is retried by itself (the "reload-retry" worker, which the daemon owns),
+      RELOAD_RETRY_MIN_S doubling to RELOAD_RETRY_MAX_S; a reload that lands resets the delay;
+    * reloads run one at a time, and the daemon's first serve holds `lock` too, so a change that lands
+      during start-up waits for the first snapshot.
+
+    `check` may refuse a snapshot the daemon cannot serve (raising DevicePluginError); `apply(new, old)`
+    makes the daemon act on it; `on_result(applied, message)` hears every outcome (metrics).
+    """
+
+    def __init__(
+        self,
+        load_config: Callable[[], Config],
+        apply: Apply,
+        *,
+        check: Callable[[Snapshot], Snapshot] = _as_is,
+        kept: str = "keeping the previous config",
+        on_result: Callable[[bool, str], None] = _no_report,
+    ) -> None:
+        self.lock = threading.Lock()
+        self.retry = ReloadRetry(self.reload)
+        self._load_config = load_config
+        self._apply = apply
+        self._check = check
+        self._kept = kept
+        self._on_result = on_result
+        self._session: NvmlSession | None = None
+        self._current: Snapshot | None = None
+        self._retry_delay_s = RELOAD_RETRY_MIN_S
+
+    def first(self, session: NvmlSession, config: Config) -> Snapshot:
+        """The first snapshot, which the caller serves holding `lock`; raises as build_snapshot does."""
+        snapshot = self._check(build_snapshot(session, config))
+        self._session, self._current = session, snapshot
+        return snapshot
+
+    def reload(self, reason: str) -> bool:
+        """Apply the config as it reads now; on any error keep the last good snapshot. True when applied."""
+        with self.lock:
+            old, session = self._current, self._session
+            if old is None or session is None:
+                return False  # nothing served yet (still starting, or NVML never opened)
+            try:
+                snapshot = self._check(build_snapshot(session, self._load_config(), previous=old.inventory))
+            except Exception as exc:  # whatever went wrong, the last good snapshot stays
+                message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
+                log.error("config reload (%s) rejected, %s: %s", reason, self._kept, message)
+                self._on_result(False, message)
+                if isinstance(exc, NvmlError):
+                    self._retry_later(reason)
+                return False
+            self._retry_delay_s = RELOAD_RETRY_MIN_S
+            self._apply(snapshot, old)
+            self._current = snapshot
+            log.info(
+                "config reloaded (%s): %s",
+                reason,
+                ", ".join(f"{p.name} x{len(p.devices)}" for p in snapshot.plans) or "no resources",
+            )
+            self._on_result(True, "")
+            return True
+
+    def _retry_later(self, reason: str) -> None:
+        delay = self._retry_delay_s
+        if self.retry.schedule(delay, f"retry of: {reason}"):
+            self._retry_delay_s = min(delay * 2, RELOAD_RETRY_MAX_S)
+            log.info("retrying the config reload in %gs (NVML failed during discovery)", delay)
+
+
+class ReloadRetry(Worker):
+    """The "reload-retry" thread: calls `reload(reason)` once a scheduled retry is due.
+
+    One retry waits at a time: a reload that fails while one is pending leaves it as it is; the retry,
+    when it fails again, schedules the next one itself.
+    """
+
+    def __init__(self, reload: Callable[[str], object]) -> None:
+        super().__init__("reload-retry")
+        self._reload = reload
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._due: tuple[float, str] | None = None  # (monotonic time, reason)
+
+    def schedule(self, delay_s: float, reason: str) -> bool:
+        """Reload in `delay_s`; False (and nothing changes) when a retry is pending already."""
+        with self._lock:
+            if self._due is not None:
+                return False
+            self._due = (time.monotonic() + delay_s, reason)
+        self._wake.set()
+        return True
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.clear()  # before reading _due, so a schedule() after the read is not slept through
+            with self._lock:
+                due = self._due
+            if due is None or due[0] > time.monotonic():
+                self._wake.wait(None if due is None else due[0] - time.monotonic())
+                continue
+            with self._lock:
+                self._due = None
+            try:
+                self._reload(due[1])
+            except Exception:  # a bug in applying a snapshot must not end the retries
+                log.exception("config reload (%s) failed", due[1])

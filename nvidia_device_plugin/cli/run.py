@@ -97,8 +97,7 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     source = config_source(args, environ)
     follower = _node_label_follower(args, source)
     if follower is not None:
-        follower.start()
-        source = ConfigSource.from_file(follower.config_file)
+        source = ConfigSource.from_file(follower.config_file)  # linked by the follower when it starts
         linked = source
         load_config = lambda: load_from(linked, args, environ)  # noqa: E731 (the file the label chose)
 
@@ -117,25 +116,13 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             kubelet_socket=args.kubelet_socket,
             metrics_address=args.metrics_address or "",
             labels=labels_options(args),
+            node_config=follower,
+            simulated_events=(
+                SimulatedEventFeeder(Path(args.simulate_events), simulator)
+                if simulator is not None and args.simulate_events
+                else None
+            ),
         )
     )
-    feeder = (
-        SimulatedEventFeeder(Path(args.simulate_events), simulator)
-        if simulator is not None and args.simulate_events
-        else None
-    )
-
-    def start() -> None:
-        daemon.start()
-        if feeder is not None:
-            feeder.start()
-
-    def stop() -> None:
-        if feeder is not None:
-            feeder.stop()
-        daemon.stop()
-        if follower is not None:
-            follower.stop()
-
-    serve_until_stopped(start, daemon.reload, stop)
+    serve_until_stopped(daemon.start, daemon.reload, daemon.stop)  # the daemon starts and stops them all
     return 0

@@ -36,6 +36,8 @@ from nvidia_device_plugin.config.document import read_config_bytes
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
+from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +87,10 @@ class _Wake(FileSystemEventHandler):
             self._dirty.set()
 
 
-class ConfigWatcher:
-    """Calls `on_change()` from its own thread whenever the content behind `source` changes."""
+class ConfigWatcher(Worker):
+    """Calls `on_change()` from its thread ("config-watcher") whenever the content behind `source` changes."""
+
+    join_timeout_s = 5.0  # stop() waits this long for a running `on_change` to return
 
     def __init__(
         self,
@@ -95,19 +99,17 @@ class ConfigWatcher:
         debounce_seconds: float = 0.2,
         poll_interval_seconds: float = 5.0,
     ) -> None:
+        super().__init__("config-watcher")
         self._source = source
         self._on_change = on_change
         self._debounce = debounce_seconds
         self._poll_interval = poll_interval_seconds
-        self._stop = threading.Event()
         self._dirty = threading.Event()
         self._lock = threading.Lock()  # guards _observer between the worker and stop()
         self._last: Fingerprint = None
         self._checks = 0
         self._observer: BaseObserver | None = None
-        self._observer_failed = False
-        self._worker: threading.Thread | None = None
-        self._failing: str | None = None  # the reason the last look failed, logged once
+        self._failures = FailureLog(log)  # a look that failed; the event watch that cannot be made
 
     @property
     def checks_done(self) -> int:
@@ -120,28 +122,19 @@ class ConfigWatcher:
         with self._lock:
             return self._observer is not None
 
-    def start(self) -> None:
-        if self._worker is not None:
-            raise RuntimeError("ConfigWatcher already started")
+    def setup(self) -> bool:
+        """The first fingerprint and the event watch, before start() returns: a change after it is seen."""
         self._last = fingerprint(self._source)
         self._ensure_observer()
-        self._worker = threading.Thread(target=self._run, name="config-watcher", daemon=True)
-        self._worker.start()
         log.info("watching %s for changes", self._source.describe())
+        return True
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop and join every thread (waits up to `timeout` for a running `on_change` to return)."""
-        self._stop.set()
+    def wake(self) -> None:
         self._dirty.set()
         with self._lock:
             observer, self._observer = self._observer, None
         if observer is not None:
-            stop_watching(observer, timeout)
-        worker, self._worker = self._worker, None
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(timeout)
-            if worker.is_alive():
-                log.warning("config watcher did not stop within %.1fs (on_change still running)", timeout)
+            stop_watching(observer, self.join_timeout_s)
 
     def __enter__(self) -> ConfigWatcher:
         self.start()
@@ -155,7 +148,7 @@ class ConfigWatcher:
     def _ensure_observer(self) -> None:
         """Receive events if we do not yet: at start, and again after the watch was lost or never made."""
         with self._lock:
-            if self._stop.is_set():
+            if self.stopping.is_set():
                 return
             if self._observer is not None:
                 if watching(self._observer):
@@ -169,31 +162,28 @@ class ConfigWatcher:
         paths = self._source.watch_paths()
         if not paths:
             return None
+        where = ", ".join(str(p) for p in paths)
         try:
             observer = watch_directories(paths, _Wake(self._dirty), "config-watcher-events")
         except OSError as exc:
-            if not self._observer_failed:
-                log.warning(
-                    "cannot watch %s (%s); checking for changes every %.0fs until it can",
-                    ", ".join(str(p) for p in paths),
-                    exc.strerror or exc,
-                    self._poll_interval,
-                )
-            self._observer_failed = True
+            self._failures.report(
+                "events",
+                f"cannot watch {where} ({exc.strerror or exc}); checking for changes every "
+                f"{self._poll_interval:.0f}s until it can",
+            )
             return None
-        if self._observer_failed:
-            log.info("watching %s for events again", ", ".join(str(p) for p in paths))
-            self._observer_failed = False
+        if self._failures.clear("events"):
+            log.info("watching %s for events again", where)
         return observer
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             woken = self._dirty.wait(self._poll_interval)
-            if self._stop.is_set():
+            if stop.is_set():
                 break
             if woken:
                 self._settle()
-                if self._stop.is_set():
+                if stop.is_set():
                     break
             self._look()
 
@@ -203,23 +193,23 @@ class ConfigWatcher:
             self._ensure_observer()
             self._check()
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            if reason != self._failing:
-                log.exception(
-                    "config watcher: looking at %s failed; will look again", self._source.describe()
-                )
-            self._failing = reason
-            self._stop.wait(min(self._poll_interval, 1.0))  # no busy loop if events keep coming
+            self._failures.report(
+                "look",
+                f"config watcher: looking at {self._source.describe()} failed ({type(exc).__name__}: {exc}); "
+                "will look again",
+                logging.ERROR,
+                exc_info=True,
+            )
+            self.stopping.wait(min(self._poll_interval, 1.0))  # no busy loop if events keep coming
             return
-        if self._failing is not None:
+        if self._failures.clear("look"):
             log.info("config watcher: looking at %s works again", self._source.describe())
-            self._failing = None
 
     def _settle(self) -> None:
         """Wait until events have been quiet for the debounce period (bounded: a flood cannot starve us)."""
         for _ in range(20):
             self._dirty.clear()
-            if self._stop.wait(self._debounce) or not self._dirty.is_set():
+            if self.stopping.wait(self._debounce) or not self._dirty.is_set():
                 return
         self._dirty.clear()
 

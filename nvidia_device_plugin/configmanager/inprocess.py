@@ -1,7 +1,7 @@
 """The config-manager inside the plugin daemon, for clusters without NVIDIA's GPU Operator.
 
 `run --node-config-label nvidia.com/device-plugin.config --config-dir /config` follows the node's label
-the way the config-manager sidecar does, on a thread of the daemon ("node-label-watch"): it keeps a
+the way the config-manager sidecar does, on a worker of the daemon ("node-label-watch"): it keeps a
 symlink in a private directory pointed at the config the label names (NVIDIA's default and fallback
 rules), and the daemon reads that link as its config file. A label change re-points the link; the
 daemon's config watcher sees the change and reloads live, as for any edit. The Kubernetes API is read on
@@ -23,14 +23,21 @@ from nvidia_device_plugin.configmanager.manager import ConfigManager
 from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, api_client_from_environment
 from nvidia_device_plugin.configmanager.settings import DEFAULT_PROCESS_TO_SIGNAL, Settings
 from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
 LINK_NAME = "config.yaml"
 
 
-class NodeLabelConfig:
-    """Keeps `config_file` pointed at the config the node's label chooses, until stopped."""
+class NodeLabelConfig(Worker):
+    """Keeps `config_file` pointed at the config the node's label chooses, until stopped.
+
+    start() chooses once, in the caller's thread (as NVIDIA's init container does), then follows the label
+    on the worker's thread; stop() ends the watch being read and removes the link directory.
+    """
+
+    join_timeout_s = 5.0  # a list request in flight when stop() comes ends within its own timeouts
 
     def __init__(
         self,
@@ -45,9 +52,10 @@ class NodeLabelConfig:
             raise ConfigError(
                 f"--node-config-label {label} needs the node's name: set NODE_NAME (the downward API)"
             )
+        super().__init__("node-label-watch")
         self._link_dir = Path(tempfile.mkdtemp(prefix="nvdp-node-config-"))
         self.config_file = self._link_dir / LINK_NAME
-        settings = Settings(
+        self._settings = Settings(
             node_name=node_name,
             node_label=label,
             config_file_srcdir=config_dir,
@@ -60,17 +68,11 @@ class NodeLabelConfig:
             process_to_signal=DEFAULT_PROCESS_TO_SIGNAL,
         )
         self._api_client = api_client
-        self._settings = settings
         self._manager: ConfigManager | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Choose once now (as NVIDIA's init container does), then follow the label on a thread.
-
-        Raises ConfigError when the first choice cannot be made (no API access, a label naming no
-        config): the pod then fails and restarts, as it would with NVIDIA's init container.
-        """
+    def setup(self) -> bool:
+        """The first choice. Raises ConfigError when it cannot be made (no API access, a label naming no
+        config): the pod then fails and restarts, as it would with NVIDIA's init container."""
         try:
             client = self._api_client if self._api_client is not None else api_client_from_environment()
             self._manager = ConfigManager(self._settings, client)
@@ -85,13 +87,15 @@ class NodeLabelConfig:
         except ConfigError:
             shutil.rmtree(self._link_dir, ignore_errors=True)
             raise
-        self._thread = threading.Thread(target=self._manager.run, args=(self._stop,), name="node-label-watch")
-        self._thread.daemon = True  # a watch read can block for minutes; stop() does not wait for it
-        self._thread.start()
+        return True
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            # The watch read returns at the next event or its timeout; the thread ends then, on its own.
-            self._thread.join(timeout=1.0)
+    def run(self, stop: threading.Event) -> None:
+        if self._manager is not None:
+            self._manager.run(stop)
+
+    def wake(self) -> None:
+        if self._manager is not None:
+            self._manager.interrupt()
+
+    def cleanup(self) -> None:
         shutil.rmtree(self._link_dir, ignore_errors=True)

@@ -21,19 +21,20 @@ from nvidia_device_plugin.configmanager.link import LinkError, point_link, write
 from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, NodeLabelReader, WatchExpired
 from nvidia_device_plugin.configmanager.processes import signal_processes
 from nvidia_device_plugin.configmanager.settings import Settings
+from nvidia_device_plugin.logs import FailureLog
 
 log = logging.getLogger(__name__)
 
 _BACKOFF_FIRST_SECONDS = 1.0
 _BACKOFF_MAX_SECONDS = 30.0
+_PREFIX = "config-manager: "  # of every problem line
 
 
 class ConfigManager:
     def __init__(self, settings: Settings, api_client: Any) -> None:
         self._settings = settings
         self._reader = NodeLabelReader(api_client, settings.node_name, settings.node_label)
-        # The last problem logged, per source ("api", "config"), so each is logged once until it clears.
-        self._problems: dict[str, str] = {}
+        self._problems = FailureLog(log)  # by source ("api", "config"): each logged once until it clears
 
     def apply(self, label_value: str) -> bool:
         """Point CONFIG_FILE_DST at the config `label_value` selects; True when the link changed.
@@ -129,12 +130,14 @@ class ConfigManager:
         self._recovered("config")
         return label_value
 
+    def interrupt(self) -> None:
+        """Make `run` notice its stop event now rather than at the next watch event (from another thread)."""
+        self._reader.interrupt()
+
     def _problem(self, source: str, reason: str) -> None:
-        if self._problems.get(source) != reason:
-            log.error("config-manager: %s", reason)
-            self._problems[source] = reason
+        self._problems.report(source, _PREFIX + reason, logging.ERROR)
 
     def _recovered(self, source: str) -> None:
-        reason = self._problems.pop(source, None)
-        if reason is not None:
-            log.info("config-manager: recovered from: %s", reason)
+        problem = self._problems.reason(source) or ""
+        if self._problems.clear(source):
+            log.info("%srecovered from: %s", _PREFIX, problem.removeprefix(_PREFIX))

@@ -1,7 +1,8 @@
 """The node's label from the Kubernetes API: one list, then a watch from the list's resourceVersion.
 
-Only this module imports the `kubernetes` client, and only the config-manager process imports this module:
-the device plugin itself never talks to the API, least of all on the Allocate path.
+Only this module imports the `kubernetes` client. Two commands import it: `config-manager`, and `run` with
+`--node-config-label`, whose node-label follower (configmanager/inprocess.py) reads the API on its own
+thread; nothing on the Allocate path ever talks to the API, and `run` without the flag never imports it.
 
 Both requests are `list nodes` with `fieldSelector=metadata.name=<node>` (the second with `watch=true`), so
 the ClusterRole needs `list` and `watch` on `nodes` and nothing else. The watch is read as raw JSON lines
@@ -12,8 +13,10 @@ list again), and any other failure (back off, then list again).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +92,9 @@ class NodeLabelReader:
         self._node_name = node_name
         self._label = label
         self._selector = f"metadata.name={node_name}"
+        self._lock = threading.Lock()  # guards the two below between the reading thread and interrupt()
+        self._stream: Any = None  # the watch response being read
+        self._interrupted = False
 
     def list_state(self) -> NodeState:
         try:
@@ -127,15 +133,30 @@ class NodeLabelReader:
             raise NodeApiError(f"watching node {self._node_name} failed: {_describe(exc)}") from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise NodeApiError(f"watching node {self._node_name} failed: {exc}") from exc
+        with self._lock:
+            self._stream, interrupted = stream, self._interrupted
+        if interrupted:
+            _shut_down(stream)
         try:
             yield from self._events(stream, from_version)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise NodeApiError(f"watch of node {self._node_name} broke off: {exc}") from exc
         finally:
+            with self._lock:
+                self._stream = None
             # Closed, not just handed back: a watch left half-read (an error, a stop) would otherwise be
             # reused by the next request, which then reads the rest of the stream as its status line.
             stream.close()
             stream.release_conn()
+
+    def interrupt(self) -> None:
+        """End the watch being read (from another thread), and any later one at once: its reader is
+        stopping. A watch read otherwise waits up to WATCH_SECONDS for the next event."""
+        with self._lock:
+            self._interrupted = True
+            stream = self._stream
+        if stream is not None:
+            _shut_down(stream)
 
     def _events(self, response: Any, version: str) -> Iterator[NodeState]:
         for line in _lines(response):
@@ -160,6 +181,13 @@ class NodeLabelReader:
                 raise NodeApiError(f"node {self._node_name} was deleted")
             else:  # ADDED, MODIFIED
                 yield NodeState(_labels(obj).get(self._label, ""), version)
+
+
+def _shut_down(stream: Any) -> None:
+    """Shut the watch's socket for reading, so a read blocked on it returns at once (urllib3 >= 2.3; with
+    an older urllib3, or a stream already closed, the read ends at its next event or timeout)."""
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
+        stream.shutdown()
 
 
 def _lines(response: Any) -> Iterator[bytes]:

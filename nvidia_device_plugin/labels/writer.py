@@ -21,12 +21,15 @@ from pathlib import Path
 
 from nvidia_device_plugin.labels.nfd import DEFAULT_MACHINE_TYPE_FILE, read_machine_type, write_features
 from nvidia_device_plugin.labels.node import LabelSettings, node_labels, without_timestamp
+from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.snapshot import Snapshot
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
 RETRY_MIN_S = 1.0
 RETRY_MAX_S = 60.0
+_WRITE = "write"  # the one failure this writer keeps: the last write's
 
 # What the writer reads at each rewrite: the snapshot served now (None: nothing served, e.g. no NVML) and
 # the physical UUIDs marked unhealthy.
@@ -41,7 +44,8 @@ class LabelsOptions:
 
 
 class LabelsFileWriter:
-    """Owns the labels-file thread: start, notify (any number of times), stop."""
+    """The labels file and the thread that rewrites it ("labels-writer"): its owner starts and stops
+    `worker`; `notify` may be called any number of times, before, during and after."""
 
     def __init__(self, options: LabelsOptions, source: LabelSource) -> None:
         self.options = options
@@ -50,31 +54,18 @@ class LabelsFileWriter:
             no_timestamp=options.no_timestamp, machine_type=read_machine_type(options.machine_type_file)
         )
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._written: dict[str, str] | None = None  # last labels written, without the timestamp
-        self._failure: str | None = None
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="labels-writer", daemon=True)
-        self._thread.start()
+        self._failures = FailureLog(log)
+        self.worker = Worker("labels-writer", self._run, interrupt=self._wake.set)
 
     def notify(self) -> None:
         """Ask for the labels to be recomputed (and the file rewritten if they changed)."""
         self._wake.set()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-
     @property
     def failure(self) -> str | None:
-        """Why the last write failed, or None when the file is up to date."""
-        with self._lock:
-            return self._failure
+        """Why the last write failed (the line logged), or None when the file is up to date."""
+        return self._failures.reason(_WRITE)
 
     def labels_now(self) -> dict[str, str]:
         snapshot, unhealthy = self._source()
@@ -84,22 +75,18 @@ class LabelsFileWriter:
             snapshot.inventory, snapshot.config, unhealthy, self._settings, timestamp=int(time.time())
         )
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         delay: float | None = None  # seconds to the next retry after a failure; None: wait for notify
-        while not self._stop.is_set():
+        while not stop.is_set():
             self._wake.wait(delay)
-            if self._stop.is_set():
+            if stop.is_set():
                 return
             self._wake.clear()
             try:
                 self._rewrite()
             except Exception as exc:  # the thread must outlive any failure: log once, back off, retry
                 reason = str(exc) or type(exc).__name__
-                with self._lock:
-                    new = reason != self._failure
-                    self._failure = reason
-                if new:
-                    log.error("labels: %s; retrying with backoff", reason)
+                self._failures.report(_WRITE, f"labels: {reason}; retrying with backoff", logging.ERROR)
                 delay = RETRY_MIN_S if delay is None else min(delay * 2, RETRY_MAX_S)
                 continue
             delay = None
@@ -113,12 +100,10 @@ class LabelsFileWriter:
         write_features(path, labels)
         before = self._written
         self._written = stable
-        with self._lock:
-            recovered, self._failure = self._failure is not None, None
         if before is None:
             log.info("labels: wrote %d labels to %s", len(labels), path)
         else:
             changed = sorted(k for k in set(before) | set(stable) if before.get(k) != stable.get(k))
             log.info("labels: rewrote %s (changed: %s)", path, ", ".join(changed) or "file was missing")
-        if recovered:
+        if self._failures.clear(_WRITE):
             log.info("labels: %s written again", path)

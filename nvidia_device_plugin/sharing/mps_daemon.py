@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
 from nvidia_device_plugin.sharing.mps import (
@@ -33,6 +34,7 @@ from nvidia_device_plugin.sharing.mps import (
     pinned_memory_limit_mib,
 )
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +96,6 @@ def daemon_specs(plan: ResourcePlan, mps_root: str) -> tuple[MpsDaemonSpec, ...]
 Hook = Callable[[MpsDaemonSpec], None]
 
 
-def _no_hook(spec: MpsDaemonSpec) -> None:
-    return None
-
-
 @dataclass
 class _DaemonState:
     spec: MpsDaemonSpec
@@ -110,7 +108,7 @@ class _DaemonState:
     published: GpuMpsStatus | None = None  # what the status file says now
 
 
-class MpsDaemonSupervisor:
+class MpsDaemonSupervisor(Worker):
     """Keeps one MPS control daemon running per GPU it is given, restarting dead ones, publishing readiness.
 
     `nvidia-cuda-mps-control -d` forks the daemon and returns, so the daemon is not our child. It is
@@ -120,16 +118,17 @@ class MpsDaemonSupervisor:
     `update(specs)` says which daemons are wanted: new ones start, kept ones keep running (their client
     defaults are sent again if the limits changed), and only the ones no longer wanted get `quit`, as
     `echo quit | nvidia-cuda-mps-control` does. `stop()` never quits a daemon: clients keep running while
-    the supervisor is away. `prepare` runs before a GPU's daemon is started or adopted (compute mode),
-    `release` after it was quit; either raises DevicePluginError to say it failed.
+    the supervisor is away, and the status files keep saying what they said. `prepare` runs before a
+    GPU's daemon is started or adopted (compute mode), `release` after it was quit; either raises
+    DevicePluginError to say it failed. The checks run on the supervisor's thread ("mps-supervisor").
     """
 
     def __init__(
         self,
         *,
         control_path: str = CONTROL_EXECUTABLE,
-        prepare: Hook = _no_hook,
-        release: Hook = _no_hook,
+        prepare: Hook = lambda spec: None,
+        release: Hook = lambda spec: None,
         base_env: Mapping[str, str] | None = None,
         check_interval_s: float = 1.0,
         start_timeout_s: float = 10.0,
@@ -137,6 +136,8 @@ class MpsDaemonSupervisor:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
     ) -> None:
+        super().__init__("mps-supervisor")
+        self.join_timeout_s = 3 * command_timeout_s + 5.0  # a check runs up to three control commands
         self._states: dict[str, _DaemonState] = {}  # by pipe directory
         self._control_path = control_path
         self._prepare = prepare
@@ -148,10 +149,8 @@ class MpsDaemonSupervisor:
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._lock = threading.Lock()  # one state is checked, or the wanted set changed, at a time
-        self._stop = threading.Event()
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_check_failure: dict[str, str] = {}  # per pipe dir: the failure last logged
+        self._failures = FailureLog(log)  # a check that raised, a status file not written; per pipe dir
 
     def update(self, specs: Sequence[MpsDaemonSpec]) -> None:
         """Supervise exactly `specs` from now on; quit (and release) the daemons no longer wanted."""
@@ -175,27 +174,15 @@ class MpsDaemonSupervisor:
         with self._lock:
             return {s.spec.gpu_uuid: s.published for s in self._states.values()}
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop supervising. The daemons keep running, and their status files keep saying what they said."""
-        self._stop.set()
+    def wake(self) -> None:
         self._wake.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             with self._lock:
                 states = list(self._states.values())
             for state in states:
-                if self._stop.is_set():
+                if stop.is_set():
                     return
                 with self._lock:
                     if self._states.get(state.spec.pipe_dir) is state:
@@ -207,10 +194,13 @@ class MpsDaemonSupervisor:
             self._wake.clear()
 
     def _check_failed(self, state: _DaemonState, exc: Exception) -> None:
-        reason = f"{type(exc).__name__}: {exc}"
-        if reason != self._last_check_failure.get(state.spec.pipe_dir):
-            self._last_check_failure[state.spec.pipe_dir] = reason
-            log.exception("checking the MPS control daemon for %s failed; retrying", state.spec.label)
+        self._failures.report(
+            f"check {state.spec.pipe_dir}",
+            f"checking the MPS control daemon for {state.spec.label} failed "
+            f"({type(exc).__name__}: {exc}); retrying",
+            logging.ERROR,
+            exc_info=True,
+        )
         self._failed(state, time.monotonic())
 
     def _check(self, state: _DaemonState) -> None:
@@ -280,14 +270,20 @@ class MpsDaemonSupervisor:
             return
         try:
             write_status(spec.status_path, status)
-        except OSError as exc:
-            log.error("MPS control daemon for %s: cannot write %s: %s", spec.label, spec.status_path, exc)
+        except OSError as exc:  # tried again at every check: logged once per reason
+            why = f"cannot write {spec.status_path}: {exc.strerror or exc}"
+            self._failures.report(
+                f"publish {spec.pipe_dir}", f"MPS control daemon for {spec.label}: {why}", logging.ERROR
+            )
             return
+        self._failures.clear(f"publish {spec.pipe_dir}")
         state.published = status
 
     def _retire(self, state: _DaemonState) -> None:
         """Quit a daemon that is no longer wanted, give its GPU back, and withdraw its status file."""
         spec = state.spec
+        self._failures.clear(f"check {spec.pipe_dir}")
+        self._failures.clear(f"publish {spec.pipe_dir}")
         Path(spec.status_path).unlink(missing_ok=True)  # first, so no client is sent to a daemon going away
         pid = running_pid(spec.pipe_dir)
         if pid is not None:
@@ -328,7 +324,7 @@ class MpsDaemonSupervisor:
             pid = running_pid(spec.pipe_dir)
             if pid is not None:
                 return pid, ""
-            if self._stop.wait(0.02):
+            if self.stopping.wait(0.02):
                 return None, "supervisor stopping"  # a successor adopts it if it came up
             if time.monotonic() >= deadline:
                 break

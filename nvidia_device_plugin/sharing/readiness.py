@@ -27,11 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "status.json"
 DEFAULT_POLL_INTERVAL_S = 1.0
+_POLL = "poll"  # the readiness watcher's one failure key: its last poll
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,12 @@ class ReadinessChange:
     reason: str
 
 
-class MpsReadinessWatcher:
+class MpsReadinessWatcher(Worker):
     """The plugin's view of MPS readiness: which (resource, GPU) pairs have a ready control daemon.
 
     `watch()` names the pairs (at start and on every reload) and reads them at once, so the first
-    ListAndWatch list after it is already right. A thread then re-reads them every `poll_interval_s`
-    and calls `on_change` once per flip (and for a pair's first reading), never per poll.
+    ListAndWatch list after it is already right. Its thread ("mps-readiness") re-reads them every
+    `poll_interval_s` and calls `on_change` once per flip (and for a pair's first reading), never per poll.
     """
 
     def __init__(
@@ -112,13 +115,13 @@ class MpsReadinessWatcher:
         on_change: Callable[[ReadinessChange], None],
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
     ) -> None:
+        super().__init__("mps-readiness")
         self._on_change = on_change
         self._poll_interval_s = poll_interval_s
         self._lock = threading.Lock()
         self._paths: dict[tuple[str, str], str] = {}
         self._state: dict[tuple[str, str], GpuMpsStatus] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._failures = FailureLog(log)
 
     def watch(self, mps_root: str, pairs: Iterable[tuple[str, str]]) -> None:
         """Watch exactly these (resource, GPU UUID) pairs under `mps_root` from now on."""
@@ -136,30 +139,19 @@ class MpsReadinessWatcher:
             return f"the MPS control daemon of GPU {gpu_uuid} ({resource}) has not been checked"
         return None if status.ready else status.reason
 
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="mps-readiness", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-
-    def _run(self) -> None:
-        failure: str | None = None
-        while not self._stop.wait(self._poll_interval_s):
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(self._poll_interval_s):
             try:
                 self._poll()
-                failure = None
             except Exception as exc:  # this thread must keep running; say so once per distinct reason
-                reason = f"{type(exc).__name__}: {exc}"
-                if reason != failure:
-                    log.exception("MPS readiness check failed (will retry): %s", reason)
-                failure = reason
+                self._failures.report(
+                    _POLL,
+                    f"MPS readiness check failed (will retry): {type(exc).__name__}: {exc}",
+                    logging.ERROR,
+                    exc_info=True,
+                )
+                continue
+            self._failures.clear(_POLL)
 
     def _poll(self) -> None:
         with self._lock:

@@ -65,6 +65,9 @@ def test_the_label_chooses_the_config_and_a_label_change_reloads_live(
             err = _stop(process)
     assert process.returncode == 0, err
     assert f"{LABEL}=default" in err
+    # The daemon stopped its follower: the watch being read was ended, not waited out (up to 5 minutes).
+    assert f"stopped following label {LABEL} of node {NODE}" in err
+    assert "did not stop" not in err
 
 
 def test_a_label_naming_no_config_stops_the_start_with_a_clear_error(

@@ -1,16 +1,19 @@
 """Reloads on a node that misbehaves: a lost GPU does not block them, and one rejected for a transient
-NVML failure is tried again by itself. In-process daemon on a simulated node, kubelet stand-in over
-real sockets."""
+NVML failure is tried again by itself, with backoff (snapshot.SnapshotFollower). In-process daemon on a
+simulated node, kubelet stand-in over real sockets."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pynvml
 import pytest
 
-from nvidia_device_plugin import daemon as daemon_module
+from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
+from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
@@ -43,7 +46,7 @@ def test_a_lost_gpu_does_not_block_a_reload_and_is_served_unhealthy(
 def test_a_reload_rejected_for_an_nvml_failure_is_retried_and_lands(
     plugin_dir: Path, kubelet: KubeletStandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(daemon_module, "RELOAD_RETRY_MIN_S", 0.05)
+    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.05)
     configs = [Config()]
     daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1])
     try:
@@ -54,5 +57,69 @@ def test_a_reload_rejected_for_an_nvml_failure_is_retried_and_lands(
         assert not daemon.reload("test")
         assert len(kubelet.devices(GPU)) == 8  # still the last good config
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 24, timeout=10)
+    finally:
+        daemon.stop()
+
+
+def retry_delays(caplog: pytest.LogCaptureFixture) -> list[str]:
+    prefix = "retrying the config reload in "
+    return [
+        r.getMessage().removeprefix(prefix).split(" ")[0] for r in caplog.records if prefix in r.getMessage()
+    ]
+
+
+def test_reload_retries_back_off_doubling_to_the_cap_and_start_again_from_the_first_delay(
+    plugin_dir: Path,
+    kubelet: KubeletStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.01)
+    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MAX_S", 0.04)
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+    configs = [Config()]
+    daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1])
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        simulator(daemon).fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=4)
+        configs.append(time_sliced(2))
+        assert not daemon.reload("test")  # and three retries fail after it; the fourth lands
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=10)
+        assert retry_delays(caplog) == ["0.01s", "0.02s", "0.04s", "0.04s"]
+        rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+        assert len(rejected) == 4
+        assert all("still serving the previous config" in line for line in rejected)
+
+        # A reload that lands resets the backoff: the next NVML failure is retried after the first delay.
+        simulator(daemon).fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=1)
+        configs.append(time_sliced(3))
+        assert not daemon.reload("again")
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 24, timeout=10)
+        assert retry_delays(caplog)[4:] == ["0.01s"]
+    finally:
+        daemon.stop()
+
+
+def test_a_config_error_is_not_retried(
+    plugin_dir: Path,
+    kubelet: KubeletStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.01)
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+
+    def broken() -> Config:
+        raise ConfigError("sharing.timeSlicing.resources[0].replicas must be >= 1, got 0")
+
+    loaders: list[Callable[[], Config]] = [Config]
+    daemon = start_daemon(plugin_dir, load_config=lambda: loaders[-1]())
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        loaders.append(broken)
+        assert not daemon.reload("test")
+        assert len(kubelet.devices(GPU)) == 8  # the last good config
+        assert retry_delays(caplog) == []  # only NVML failures are transient
+        assert "config reload (test) rejected, still serving the previous config: sharing" in caplog.text
     finally:
         daemon.stop()

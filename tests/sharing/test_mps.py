@@ -291,3 +291,28 @@ def test_a_missing_control_binary_is_reported_per_gpu_and_never_ready(
         status = read_status(spec.status_path)
         assert not status.ready and missing in status.reason
     assert any(missing in r.getMessage() and GPU1 in r.getMessage() for r in caplog.records)
+
+
+def test_a_status_file_that_cannot_be_written_is_retried_and_logged_once(
+    tmp_path: Path, fake_control: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    supervisor, specs = _supervisor(tmp_path, fake_control)
+    blocked = Path(specs[0].status_path)
+    blocked.mkdir(parents=True)  # a directory where GPU 0's status file goes: every write fails
+    other = tmp_path / "nvidia.com/gpu" / GPU1 / "pipe"
+    with caplog.at_level(logging.ERROR, logger="nvidia_device_plugin.sharing.mps_daemon"):
+        supervisor.start()
+        try:
+            wait_for(lambda: read_status(specs[1].status_path).ready, "GPU 1's daemon ready")
+            # GPU 1's daemon dies and comes back: checks go on meanwhile, each one retrying GPU 0's write.
+            pid = mps_daemon.running_pid(str(other))
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: len(lines(other / "launches")) == 2, "GPU 1's second launch")
+            wait_for(lambda: read_status(specs[1].status_path).ready, "GPU 1's daemon ready again")
+            blocked.rmdir()
+            wait_for(lambda: read_status(specs[0].status_path).ready, "GPU 0's status written at last")
+        finally:
+            supervisor.stop()
+    failed = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    assert len(failed) == 1 and GPU0 in failed[0], failed

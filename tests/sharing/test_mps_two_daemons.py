@@ -6,6 +6,7 @@ MPS root; the plugin serves the kubelet stand-in over real unix sockets and read
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import grpc
 import pynvml
 import pytest
 
+from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon
@@ -283,3 +285,51 @@ def test_the_command_leaves_its_daemons_running_on_sigterm(setup: Setup) -> None
     assert "MPS control daemons are left running" in output
     assert pid is not None and mps_daemon.running_pid(str(status_file.parent / "pipe")) == pid
     assert read_status(str(status_file)).ready
+
+
+def test_a_control_daemon_reload_that_nvml_fails_keeps_the_daemons_and_is_retried(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.01)
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+    control = setup.control_daemon()
+    try:
+        gpus = _gpus(control)
+        wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
+        pids = [mps_daemon.running_pid(str(setup.pipe(g))) for g in gpus]
+        assert control.nvml is not None and control.nvml.simulator is not None
+        control.nvml.simulator.fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=2)
+        setup.replicas = 4
+        assert not control.reload("test")
+        assert "config reload (test) rejected, MPS daemons unchanged" in caplog.text
+        assert "set_default_active_thread_percentage 25" not in lines(setup.pipe(gpus[0]) / "commands")
+        wait_for(
+            lambda: all(
+                "set_default_active_thread_percentage 25" in lines(setup.pipe(g) / "commands") for g in gpus
+            ),
+            "the retried reload's client defaults",
+        )
+        assert [mps_daemon.running_pid(str(setup.pipe(g))) for g in gpus] == pids  # kept, never restarted
+        assert "retrying the config reload in 0.01s" in caplog.text
+        assert "retrying the config reload in 0.02s" in caplog.text
+    finally:
+        control.stop()
+
+
+def test_a_gpu_lost_before_a_control_daemon_reload_keeps_its_mps_daemon(setup: Setup) -> None:
+    control = setup.control_daemon()
+    try:
+        gpus = _gpus(control)
+        wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
+        pid = mps_daemon.running_pid(str(setup.pipe(gpus[3])))
+        assert control.nvml is not None and control.nvml.simulator is not None
+        control.nvml.simulator.set_lost(3, True)
+        setup.replicas = 4
+        assert control.reload("test"), "a lost GPU must not make the reload fail"
+        assert control.snapshot is not None
+        assert [g.uuid for g in control.snapshot.inventory.gpus if g.lost] == [gpus[3]]  # carried over
+        assert "quit" not in lines(setup.pipe(gpus[3]) / "commands")
+        assert mps_daemon.running_pid(str(setup.pipe(gpus[3]))) == pid
+        assert (setup.pipe(gpus[3]).parent / "status.json").exists()
+    finally:
+        control.stop()

@@ -28,7 +28,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories
-from nvidia_device_plugin.workers import JOIN_TIMEOUT_S, Worker
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class SimulatedEventFeeder(Worker):
                 )
         super().start()
 
-    def stop(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         super().stop(timeout)
         if self._observer is not None:
             stop_watching(self._observer)

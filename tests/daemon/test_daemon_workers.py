@@ -1,0 +1,111 @@
+"""The daemon owns every thread it starts (one WorkerGroup), stops every one of them, and says so when one
+dies: in its log and on /healthz. In-process daemon on a simulated node, kubelet stand-in and probes over
+real sockets."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nvidia_device_plugin.config.source import ConfigSource
+from nvidia_device_plugin.config.watch import ConfigWatcher
+from nvidia_device_plugin.daemon import Daemon
+from nvidia_device_plugin.labels import LabelsOptions
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.workers import Worker
+
+from support.daemon_support import GPU, simulated_options, start_daemon
+from support.waiting import wait_for
+
+# The threads of a daemon with probes, a watched config file and a labels file on a GPU node.
+DAEMON_THREADS = {
+    "probes-http",
+    "config-watcher",
+    "labels-writer",
+    "reload-retry",
+    "mps-readiness",
+    "plugin-registrar",
+    "nvml-health",
+}
+
+
+def thread_names(since: set[threading.Thread] | None = None) -> set[str]:
+    """Names of the live threads (started after `since`, when given)."""
+    return {t.name for t in threading.enumerate() if since is None or t not in since}
+
+
+def healthz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_every_thread_the_daemon_starts_is_its_own_and_gone_after_stop(
+    tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n")
+    source = ConfigSource.from_file(config)
+    before = set(threading.enumerate())
+    daemon = start_daemon(
+        plugin_dir,
+        load_config=lambda: source.load({}),
+        watch=lambda on_change: ConfigWatcher(source, on_change),
+        metrics_address="127.0.0.1:0",
+        labels=LabelsOptions(path=tmp_path / "labels", machine_type_file=""),
+    )
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        assert thread_names(before) >= DAEMON_THREADS
+        assert daemon.liveness() is None
+        assert {getattr(w, "name", "") for w in daemon.workers} >= DAEMON_THREADS - {"plugin-registrar"}
+    finally:
+        daemon.stop()
+    assert not DAEMON_THREADS & thread_names(before)
+
+
+def test_a_worker_that_dies_is_logged_and_fails_the_liveness_probe(
+    plugin_dir: Path, kubelet: KubeletStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    def feeder_with_a_bug(stop: threading.Event) -> None:
+        raise RuntimeError("feeder bug")
+
+    caplog.set_level(logging.ERROR, logger="nvidia_device_plugin.workers")
+    before = set(threading.enumerate())
+    daemon = start_daemon(
+        plugin_dir, metrics_address="127.0.0.1:0", simulated_events=Worker("sim-events", feeder_with_a_bug)
+    )
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        assert daemon.probes is not None
+        port = daemon.probes.port
+        wait_for(lambda: healthz(port)[0] == 503, "the liveness probe to fail")
+        assert healthz(port) == (503, "thread sim-events ended: RuntimeError: feeder bug\n")
+        assert "thread sim-events ended with an unexpected error" in caplog.text
+        assert len(kubelet.devices(GPU)) == 8  # the rest goes on serving until the pod is restarted
+    finally:
+        daemon.stop()
+    assert not (DAEMON_THREADS | {"sim-events"}) & thread_names(before)
+
+
+def test_a_start_that_fails_stops_what_it_started(plugin_dir: Path) -> None:
+    class NoChoice(Worker):
+        def setup(self) -> bool:
+            raise RuntimeError("a label naming no config")
+
+    before = set(threading.enumerate())
+    daemon = Daemon(
+        simulated_options(plugin_dir, metrics_address="127.0.0.1:0", node_config=NoChoice("node-label-watch"))
+    )
+    with pytest.raises(RuntimeError, match="a label naming no config"):
+        daemon.start()
+    assert "probes-http" in thread_names(before)  # started before the node-label follower, as listed
+    daemon.stop()  # as serve_until_stopped does when the start raises
+    assert not (DAEMON_THREADS | {"node-label-watch"}) & thread_names(before)
