@@ -34,13 +34,11 @@ from nvidia_device_plugin.cli.planview import plan_to_json
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.device_lists import KUBELET_RECEIVE_LIMIT
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.resource_plans import build_resources
 from nvidia_device_plugin.snapshot import build_snapshot
-
-KUBELET_RECEIVE_LIMIT = 4 * 1024 * 1024  # kubelet dials plugins without MaxCallRecvMsgSize: grpc-go's default
-
 
 # ---- health propagation ------------------------------------------------------------------------------------
 

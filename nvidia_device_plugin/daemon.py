@@ -31,7 +31,7 @@ from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
-from nvidia_device_plugin.labels import LabelsFileWriter, LabelsOptions
+from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.session import NvmlSession

@@ -19,7 +19,7 @@ RANKS = {  # area (top-level module or package) -> rank; "" is the package itsel
     **dict.fromkeys(("config", "devices", "plugin"), 1),
     **dict.fromkeys(("events", "nvml", "mig_layout"), 2),  # nvml/sim/ is part of nvml
     "resources": 3,
-    **dict.fromkeys(("resource_plans", "health", "sharing", "devnodes"), 4),
+    **dict.fromkeys(("resource_plans", "device_lists", "health", "sharing", "devnodes"), 4),
     "cdi": 5,  # reads devnodes; never serving/
     "serving": 6,  # answers with the CDI names cdi/model.py owns
     "snapshot": 7,

@@ -34,7 +34,7 @@ def add_check_config_parser(commands: AddParser) -> None:
 def check_config(args: argparse.Namespace, _environ: Mapping[str, str]) -> int:
     """Prints its verdict itself (no log lines): the file, strictly, and nothing of the node."""
     from nvidia_device_plugin.config.loader import gfd_incompatibilities, load_config_file
-    from nvidia_device_plugin.snapshot import check_config_device_lists
+    from nvidia_device_plugin.device_lists import check_config_device_lists
 
     path: str = args.file
     try:

@@ -15,7 +15,7 @@ import pytest
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.labels import LabelsOptions
+from nvidia_device_plugin.labels.writer import LabelsOptions
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.workers import Worker
 

@@ -20,8 +20,8 @@ from nvidia_device_plugin.cli.main import main as cli_main
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.labels import LabelsOptions
 from nvidia_device_plugin.labels.nfd import parse_features
+from nvidia_device_plugin.labels.writer import LabelsOptions
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
