@@ -1,5 +1,10 @@
 # Every target creates .venv on first use, so a fresh machine needs only `make demo` or `make test`.
-PYTHON ?= python3
+# The chart tests render deployments/helm with helm-sdkpy (Helm's Go library), which needs Python >= 3.12, so the
+# venv is built with the newest 3.12 that pyenv has, else python3.12 on PATH, else python3 (then the chart tests
+# fail, saying so). Override with `make PYTHON=/path/to/python3.12 ...`.
+PYTHON ?= $(shell v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | tail -n1); \
+	{ [ -n "$$v" ] && PYENV_VERSION=$$v pyenv which python3.12; } 2>/dev/null || \
+	{ python3.12 -c '' 2>/dev/null && echo python3.12; } || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
