@@ -44,7 +44,7 @@ soak: $(STAMP)
 
 # Image builds. IMAGE: the repository to tag (and, for image-multiarch, push to); BASE_DIGEST: the digest the
 # Dockerfile's base is pinned to, recorded in the org.opencontainers.image.base.digest label.
-IMAGE ?= nvidia-device-plugin-py
+IMAGE ?= registry.example.com/gpu/nvidia-device-plugin-py
 PLATFORMS ?= linux/amd64,linux/arm64
 BASE_DIGEST ?=
 VERSION = $$(sed -n 's/^__version__ = "\(.*\)"/\1/p' nvidia_device_plugin/__init__.py)
