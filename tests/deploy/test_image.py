@@ -1,6 +1,6 @@
 """The built image, run by a real engine (podman with runc) under the DaemonSet's security context, against
-the kubelet stand-in on a host directory. Run by `make image-test` (image/image-test.sh), which builds the image
-and names it in NVDP_IMAGE_UNDER_TEST; without that variable every test here is skipped.
+the kubelet stand-in on a host directory. Run by `make image-test` (image/image-test.sh), which builds the
+image and names it in NVDP_IMAGE_UNDER_TEST; without that variable every test here is skipped.
 
 The container gets what the chart's `base` preset gives the plugin container (manifests/base): its args, env,
 security context (every capability dropped, read-only root, no privilege escalation, the chart's user), the

@@ -1,6 +1,6 @@
 """The image's build files checked offline: the Dockerfile's stages and build arguments, the lock files
-against pyproject.toml and the installed dependency closure, the build context, and the Makefile and image test that
-build it. `make image-test` (tests/deploy/test_image.py) builds and runs the image itself.
+against pyproject.toml and the installed dependency closure, the build context, and the Makefile and image
+test that build it. `make image-test` (tests/deploy/test_image.py) builds and runs the image itself.
 """
 
 from __future__ import annotations
