@@ -231,4 +231,6 @@ def test_sigterm_stops_it_within_the_grace_period(plugin: Running) -> None:
         f"exit {done.stdout.strip()}:\n{plugin.logs()}"
     )
     assert took < grace, f"took {took:.1f} s, grace period {grace} s"
+    left = sorted(p.name for p in plugin.kubelet.plugin_dir.iterdir() if p.name != "kubelet.sock")
+    assert left == [], f"the plugin left {left} in the device-plugin directory"
     _report("sigterm_to_exit_s", took)
