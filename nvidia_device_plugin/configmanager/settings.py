@@ -1,10 +1,10 @@
 """config-manager's settings: NVIDIA's flags and environment variables, with the same names and defaults.
 
 Each setting is a flag with an environment variable behind it (flag > env > default), as in NVIDIA's
-config-manager, so the GPU Operator's and NVIDIA's Helm chart's pod specs work unchanged. Two habits of NVIDIA's
-flag library are kept because those pod specs rely on them: an empty environment variable for a number or a
-switch (`SIGNAL: ""`, `ONESHOT: ""`) means "not set", so the default holds; and switches may be given bare
-(`--oneshot`) or with a value (`--oneshot=false`).
+config-manager, so the GPU Operator's and NVIDIA's Helm chart's pod specs work unchanged. Two habits of
+NVIDIA's flag library are kept because those pod specs rely on them: an empty environment variable for a
+number or a switch (`SIGNAL: ""`, `ONESHOT: ""`) means "not set", so the default holds; and switches may be
+given bare (`--oneshot`) or with a value (`--oneshot=false`).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         )
 
     def switch(flag: str, env: str, help_text: str) -> None:
-        # NVIDIA's boolean flags: `--oneshot` alone means true, `--oneshot=false` (or `--oneshot false`) false.
+        # NVIDIA's boolean flags: `--oneshot` alone is true; `--oneshot=false` (or `--oneshot false`) false.
         parser.add_argument(
             f"--{flag}",
             dest=env,
