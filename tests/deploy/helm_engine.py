@@ -226,3 +226,18 @@ def install(
 def _notes(result: Mapping[str, Any]) -> str:
     info = result.get("info") or {}
     return str(info.get("notes") or "")
+
+
+# Helm's lint severities (pkg/chart/.../lint/support): 1 info, 2 warning, 3 error.
+LINT_WARNING = 2
+
+
+def lint(chart: Path) -> list[dict[str, Any]]:
+    """`helm lint <chart>`: its messages (Severity, Path), errors included."""
+    helm = _helm()
+    offline = _kubeconfig("http://127.0.0.1:9", "default")  # lint renders without asking a cluster
+    with _install_lock:
+        configuration = helm.Configuration(namespace="nvidia-device-plugin", kubeconfig=offline)
+        result = asyncio.run(helm.Lint(configuration).run(str(chart)))
+    messages: list[dict[str, Any]] = list(result.get("Messages") or [])
+    return messages + [{"Severity": 3, "Path": "", "Err": e} for e in result.get("Errors") or []]

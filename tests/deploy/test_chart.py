@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from helm_engine import HelmFailure, Release, install
+from helm_engine import LINT_WARNING, HelmFailure, Release, install, lint
 from render_manifests import CHART, MANIFESTS, differences, preset_names, preset_values
 
 from nvidia_device_plugin import __version__
@@ -82,6 +82,16 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     for entry in container.get("env", []):
         env[entry["name"]] = entry.get("value", NODE)  # NODE: a fieldRef spec.nodeName
     return env
+
+
+def test_helm_lint_finds_no_warning_or_error() -> None:
+    if sys.version_info < (3, 12):
+        pytest.fail(
+            "helm-sdkpy (the Helm engine) needs Python >= 3.12: build .venv with python3.12 (make test)"
+        )
+    messages = lint(CHART)
+    assert messages, "lint reports at least its info lines; none means it did not run"
+    assert [m for m in messages if m["Severity"] >= LINT_WARNING] == []
 
 
 # ---- every install: what Helm created, and each object against the Kubernetes schemas ----------------------
@@ -158,6 +168,7 @@ def test_nvidias_defaults_install_the_plugin_alone_with_its_defaults(tmp_path: P
     release = _install(_values("nvidia/values.yaml"))
     assert set(_of(release, "DaemonSet")) == {"nvidia-device-plugin"}
     assert not _of(release, "ConfigMap") and not _of(release, "ClusterRole")
+    assert list(_of(release, "NetworkPolicy")) == ["nvidia-device-plugin-metrics"], "on by default (issue 23)"
     container = _container(release)
     assert _env(container) == {
         "MPS_ROOT": "/run/nvidia/mps",
