@@ -242,6 +242,28 @@ def test_an_mps_config_brings_the_mps_control_daemon() -> None:
     assert {"/run/nvidia/mps", "/dev/shm"} <= plugin_mounts
 
 
+def test_in_process_selection_gives_the_plugin_the_label_and_the_token(tmp_path: Path) -> None:
+    values = {
+        **_values("preset/node-labels"),
+        "config": {**_values("preset/node-labels")["config"], "selection": "in-process"},
+    }
+    release = _install(values)
+    pod = _pod(release)
+    assert [c["name"] for c in pod["containers"]] == [PLUGIN] and "initContainers" not in pod
+    container = _container(release)
+    assert "--node-config-label=nvidia.com/device-plugin.config" in container["args"]
+    assert _env(container)["NODE_NAME"] == NODE
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in {
+        m["mountPath"] for m in container["volumeMounts"]
+    }
+    parsed = build_parser(_env(container)).parse_args(_materialize(release, tmp_path)[0])
+    assert (parsed.node_config_label, parsed.config_default) == ("nvidia.com/device-plugin.config", "default")
+    # The MPS control daemon has no label follower of its own: it keeps config-manager containers.
+    control = _pod(release, "nvidia-device-plugin-mps-control-daemon")
+    assert [c["name"] for c in control["initContainers"]] == ["mps-control-daemon-init"]
+    assert list(_of(release, "ClusterRole")) == ["nvidia-device-plugin-node-label-reader"]
+
+
 def test_nvidias_flags_become_their_environment_variables(tmp_path: Path) -> None:
     release = _install(_values("nvidia/example-flags.yaml"))
     env = _env(_container(release))

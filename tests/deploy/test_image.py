@@ -5,7 +5,8 @@ image and names it in NVDP_IMAGE_UNDER_TEST; without that variable every test he
 The container gets what the chart's `base` preset gives the plugin container (manifests/base): its args, env,
 security context (every capability dropped, read-only root, no privilege escalation, the chart's user), the
 device-plugin hostPath (here a directory under /tmp) and the /tmp emptyDir; plus --simulate (no GPU) and no
-network at all (kubelet talks to the plugin over the unix sockets only).
+network at all (kubelet talks to the plugin over the unix sockets only). The `node-labels` preset's
+config-manager init container runs too, as that preset says (UID 65534), against a stand-in API server.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ import yaml
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 
+from support.fake_apiserver import LABEL, FakeApiServer, write_kubeconfig
+
 IMAGE = os.environ.get("NVDP_IMAGE_UNDER_TEST", "")
 RUNTIME = os.environ.get("NVDP_IMAGE_RUNTIME", "runc")
 REPORT = os.environ.get("NVDP_IMAGE_TEST_REPORT", "")
 ROOT = Path(__file__).resolve().parents[2]
 RENDERED = ROOT / "manifests" / "base" / "nvidia-device-plugin.yaml"
+NODE_LABELS = ROOT / "manifests" / "overlays" / "node-labels" / "nvidia-device-plugin.yaml"
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 NODE = "gpu-node-1"
 # Without CAP_SYS_RESOURCE the runtime cannot raise a limit above the engine's own; podman's defaults are
@@ -50,8 +54,8 @@ def _podman(*args: str, timeout: float = 60, check: bool = True) -> subprocess.C
     return done
 
 
-def _manifest() -> dict[str, Any]:
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(RENDERED.read_text()) if d}
+def _manifest(rendered: Path = RENDERED) -> dict[str, Any]:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered.read_text()) if d}
     return docs
 
 
@@ -234,3 +238,32 @@ def test_sigterm_stops_it_within_the_grace_period(plugin: Running) -> None:
     left = sorted(p.name for p in plugin.kubelet.plugin_dir.iterdir() if p.name != "kubelet.sock")
     assert left == [], f"the plugin left {left} in the device-plugin directory"
     _report("sigterm_to_exit_s", took)
+
+
+def test_config_manager_runs_as_the_chart_says_and_links_the_labelled_config(tmp_path: Path) -> None:
+    """The node-labels preset's config-manager init container: UID 65534, no capabilities, read-only root."""
+    pod = _manifest(NODE_LABELS)[("DaemonSet", "nvidia-device-plugin")]["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["securityContext"]["runAsUser"] == 65534
+    configs, link = tmp_path / "available-configs", tmp_path / "config"
+    configs.mkdir()
+    link.mkdir(mode=0o777)
+    link.chmod(0o777)  # an emptyDir is world-writable
+    for key in ("default", "time-slicing"):
+        (configs / key).write_text("version: v1\n")
+    with FakeApiServer({LABEL: "time-slicing"}) as api:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        kubeconfig.chmod(0o644)
+        done = _podman(
+            *["run", "--rm", "--runtime", RUNTIME, "--network", "host", *ULIMITS],
+            *security_flags(pod, init),
+            *["--volume", f"{configs}:/available-configs:ro", "--volume", f"{link}:/config"],
+            *["--volume", f"{kubeconfig}:/kube/config:ro"],
+            *_env(init),
+            *["--entrypoint", init["command"][0], IMAGE, "--kubeconfig=/kube/config"],
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, f"config-manager in the image: {done.stdout}{done.stderr}"
+    assert os.readlink(link / "config.yaml") == "/available-configs/time-slicing"
+    assert (link / "config.yaml").lstat().st_uid == 65534
