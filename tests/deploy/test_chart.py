@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from helm_engine import LINT_WARNING, HelmFailure, Release, install, lint
 from render_manifests import CHART, MANIFESTS, differences, preset_names, preset_values
 
 from nvidia_device_plugin import __version__
+from nvidia_device_plugin.cli.gfd import build_parser as gfd_build_parser
 from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.config.selection import parse_fallback_strategies, select_config
@@ -294,18 +294,11 @@ def test_gfd_runs_this_images_gpu_feature_discovery() -> None:
         "GFD_NO_TIMESTAMP": "true",
         "GFD_SLEEP_INTERVAL": "30s",
     }
-    gfd_cli = _require_gfd_parser()
-    parsed = gfd_cli(_env(gfd)).parse_args(gfd["args"])
+    parsed = gfd_build_parser(_env(gfd)).parse_args(gfd["args"])
     assert parsed.output_file.startswith("/etc/kubernetes/node-feature-discovery/features.d/")
     selector = _of(release, "DaemonSet")[name]["spec"]["selector"]["matchLabels"]
     plugin_pods = _of(release, "DaemonSet")["nvidia-device-plugin"]["spec"]["template"]["metadata"]["labels"]
     assert not selector.items() <= plugin_pods.items(), "the GFD selector must not match the plugin's pods"
-
-
-def _require_gfd_parser() -> Any:
-    from nvidia_device_plugin.cli.gfd import build_parser as gfd_parser
-
-    return gfd_parser
 
 
 def test_cdi_values_mount_the_spec_directory_and_the_driver_root() -> None:
@@ -454,4 +447,3 @@ def test_the_static_manifests_are_what_the_chart_renders() -> None:
     assert differences() == [], "manifests/ and the chart disagree: run `make manifests`"
     rendered = {p.parent.name for p in MANIFESTS.glob("**/nvidia-device-plugin.yaml")}
     assert rendered == {"base", *(n for n in preset_names() if n != "base")}
-    assert os.environ.get("HELM_DRIVER") is None, "the engine keeps no state in the environment"
