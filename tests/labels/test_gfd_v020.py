@@ -1,5 +1,5 @@
-"""GFD v0.20's rules where an older reading of GFD differed, each pinned with NVIDIA's observed value (issue 22,
-measured side by side with NVIDIA's gpu-feature-discovery on the same simulated node)."""
+"""GFD v0.20's rules where an older reading of GFD differed, each pinned with NVIDIA's observed value
+(issue 22, measured side by side with NVIDIA's gpu-feature-discovery on the same simulated node)."""
 
 from __future__ import annotations
 
