@@ -167,8 +167,16 @@ def _output(args: argparse.Namespace, settings: GfdSettings) -> tuple[Output, Ca
     """Where labels go, and what to undo on exit: the NodeFeature object, or the features.d file."""
     if settings.use_node_feature_api:
         return _node_feature_output(args), lambda: None
-    from nvidia_device_plugin.labels.nfd import write_features
+    from nvidia_device_plugin.labels.nfd import render_features, write_features
 
+    if not settings.output_file:  # as GFD: an empty output file means standard output
+
+        def print_labels(labels: dict[str, str]) -> str:
+            sys.stdout.write(render_features(labels))
+            sys.stdout.flush()
+            return "printed the labels"
+
+        return print_labels, lambda: None
     path = Path(settings.output_file)
 
     def write_file(labels: dict[str, str]) -> str:

@@ -55,6 +55,14 @@ _DEFAULTS: dict[str, object] = {
     "machine_type_file": DEFAULT_MACHINE_TYPE_FILE,
     "use_node_feature_api": True,
 }
+_WHAT = {
+    "oneshot": "label once and exit",
+    "no_timestamp": "leave out nvidia.com/gfd.timestamp",
+    "sleep_interval": "time between labelling passes, a Go duration or 'infinite' (label once and sleep)",
+    "output_file": "the features.d file, when the NodeFeature API is not used",
+    "machine_type_file": "where nvidia.com/gpu.machine is read",
+    "use_node_feature_api": "publish NFD's NodeFeature object instead of the features.d file",
+}
 # GFD's aliases of variables this image's shared config flags read (urfave: the first one set wins).
 ENV_ALIASES = (
     ("GFD_MIG_STRATEGY", "MIG_STRATEGY"),
@@ -81,10 +89,7 @@ def add_gfd_arguments(parser: argparse.ArgumentParser) -> None:
             flag, dest=dest, nargs="?", const="true", default=None, metavar="BOOL", help=_help(dest, env)
         )
     parser.add_argument(
-        "--sleep-interval",
-        default=None,
-        help="time between labelling passes, a Go duration or 'infinite' (label once and sleep) "
-        + _help("sleep_interval", _SOURCES["sleep_interval"][1]),
+        "--sleep-interval", default=None, help=_help("sleep_interval", _SOURCES["sleep_interval"][1])
     )
     for dest, short in (("output_file", ["-o", "--output"]), ("machine_type_file", [])):
         flag, env, _ = _SOURCES[dest]
@@ -92,7 +97,10 @@ def add_gfd_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _help(dest: str, env: tuple[str, ...]) -> str:
-    return f"(default {_DEFAULTS[dest]}) [env {', '.join(env)}; config flags.{'.'.join(_SOURCES[dest][2])}]"
+    default = _DEFAULTS[dest]
+    shown = str(default).lower() if isinstance(default, bool) else default
+    where = f"env {', '.join(env)}; config flags.{'.'.join(_SOURCES[dest][2])}"
+    return f"{_WHAT[dest]} (default {shown}) [{where}]"
 
 
 def with_gfd_env_aliases(environ: Mapping[str, str]) -> dict[str, str]:

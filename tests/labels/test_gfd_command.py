@@ -82,6 +82,11 @@ def test_gfd_refuses_bad_flags(tmp_path: Path) -> None:
     assert not (tmp_path / "f").exists()
 
 
+def test_an_empty_output_file_prints_the_labels(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gfd_main(["--simulate", "t4-single", "--oneshot", "-o", ""], FILE_OUTPUT) == 0
+    assert parse_features(capsys.readouterr().out)[N + "gpu.product"] == "Tesla-T4"
+
+
 def test_the_defaults_are_gfds() -> None:
     assert settings([], {}) == settings([], {"GFD_SLEEP_INTERVAL": ""})  # empty counts as unset
     s = settings([], {})
