@@ -13,8 +13,8 @@ behaviour:
   and labels at once (the config-manager sidecar sends it), SIGTERM, SIGINT and SIGQUIT end the run;
 - on exit the features.d file is removed unless `--oneshot` (the NodeFeature object is left to its owners).
 
-Where GFD exits on a failed write, this one logs the failure and tries again at the next pass (a `--oneshot`
-run exits 1).
+Where GFD exits on a failed pass (NVML, the API server), this one logs the failure once per reason and tries
+again at the next pass (a `--oneshot` run exits 1).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from nvidia_device_plugin.cli.gfd_settings import (
 from nvidia_device_plugin.config.flags import add_config_arguments, resolve_config
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
 from nvidia_device_plugin.labels.node import TIMESTAMP_LABEL
-from nvidia_device_plugin.logs import LOG_LEVELS, configure_logging
+from nvidia_device_plugin.logs import LOG_LEVELS, FailureLog, configure_logging
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config
@@ -51,6 +51,7 @@ log = logging.getLogger("gpu_feature_discovery")
 _STOP = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
 _SIGNALS = {signal.SIGHUP, *_STOP}
 Output = Callable[[dict[str, str]], str]  # writes the labels; returns what it did, for the log
+_PASS = "labelling pass"  # the one failure the loop keeps: the last pass's
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -133,16 +134,21 @@ def _label_until_signal(
     settings: GfdSettings,
     output: Output,
 ) -> bool:
+    failures = FailureLog(log)
     written: dict[str, str] | None = None
     while True:
-        labels = _labels(session, config, labels_settings)
         try:
+            labels = _labels(session, config, labels_settings)
             done = output(labels)
-        except DevicePluginError as exc:
+        except Exception as exc:  # the loop outlives any failure: logged once per reason, tried again
+            reason = str(exc) or type(exc).__name__
             if settings.oneshot:
-                raise
-            log.error("%s; trying again in the next pass", exc)
+                raise exc if isinstance(exc, DevicePluginError) else DevicePluginError(reason) from exc
+            unexpected = not isinstance(exc, DevicePluginError)
+            failures.report(_PASS, f"{reason}; trying again in the next pass", logging.ERROR, unexpected)
         else:
+            if failures.clear(_PASS):
+                log.info("labelling works again")
             stable = {k: v for k, v in labels.items() if k != TIMESTAMP_LABEL}
             if stable != written:
                 log.info("%s: %d labels", done, len(labels))

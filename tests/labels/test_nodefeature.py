@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +210,44 @@ def test_the_objects_written_pass_nfds_schema_and_the_schema_bites() -> None:
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(broken, SCHEMA)
+
+
+def test_a_daemon_run_logs_a_refusal_once_and_publishes_when_the_api_accepts(
+    api: tuple[FakeApiServer, dict[str, str]],
+) -> None:
+    fake, env = api
+    fake.objects.schemas["nodefeatures"] = {
+        **SCHEMA,
+        "properties": {**SCHEMA["properties"], "kind": {"const": "X"}},
+    }
+    argv = ["--sleep-interval", "20ms", "--simulate", "t4-single", "--no-timestamp"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from nvidia_device_plugin.cli.gfd import main; sys.exit(main())",
+         *argv],
+        env={**os.environ, **env},
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: [m for m, _ in fake.objects.requests].count("POST") >= 3, "three refused passes")
+        fake.objects.schemas["nodefeatures"] = SCHEMA  # the CRD fixed
+        wait_for(lambda: fake.objects.get(OBJECT) is not None, "the object after the refusals")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert err.count("HTTP 422") == 1, err  # once per reason, not once per pass
+    assert "labelling works again" in err
+    assert fake.objects.get(OBJECT) is not None  # the object stays with its owners, not with the process
+
+
+def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 15.0) -> None:
+    """Wait until `condition`; the cap only turns a hang into a failure, it is not what is tested."""
+    deadline = time.monotonic() + cap_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.005)
