@@ -173,7 +173,7 @@ class NodeFeaturePublisher:
         return f"NodeFeature {self.target.namespace}/{self.target.name}"
 
     def publish(self, labels: Mapping[str, str]) -> str:
-        """ "created", "updated" or "unchanged"; NodeFeatureError when the API refuses or fails."""
+        """What it did ("created", "updated", "unchanged"); NodeFeatureError when the API refuses or fails."""
         existing = self._get()
         if existing is None:
             self._call(
@@ -193,18 +193,21 @@ class NodeFeaturePublisher:
             found: dict[str, Any] = self._call(
                 "reading", self._api.get_namespaced_custom_object, self.target.name
             )
-            return found
         except _Missing:
             return None
+        return found
 
     def _call(self, doing: str, method: Any, *args: Any) -> Any:
         target = self.target
         try:
             return method(GROUP, VERSION, target.namespace, PLURAL, *args, _request_timeout=_TIMEOUT)
         except ApiException as exc:
-            if exc.status == _NOT_FOUND and doing == "reading":
-                raise _Missing from exc
-            raise NodeFeatureError(f"{doing} {self.describe()} failed: {_describe(exc)}") from exc
+            if exc.status == _NOT_FOUND and method == self._api.get_namespaced_custom_object:
+                raise _Missing from exc  # no object yet
+            hint = (
+                " (is NFD's nodefeatures.nfd.k8s-sigs.io CRD installed?)" if exc.status == _NOT_FOUND else ""
+            )
+            raise NodeFeatureError(f"{doing} {self.describe()} failed: {_describe(exc)}{hint}") from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise NodeFeatureError(f"{doing} {self.describe()} failed: {exc}") from exc
 

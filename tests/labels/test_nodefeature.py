@@ -251,3 +251,11 @@ def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 15.0) -> N
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+def test_without_nfds_crd_the_error_says_so(api: tuple[FakeApiServer, dict[str, str]]) -> None:
+    fake, env = api
+    fake.objects.uninstalled.add("nodefeatures")
+    publisher = NodeFeaturePublisher(api_client(env["KUBECONFIG"]), NodeFeatureTarget(NODE, NAMESPACE), [])
+    with pytest.raises(NodeFeatureError, match=r"creating .* HTTP 404 .*CRD installed\?"):
+        publisher.publish({})

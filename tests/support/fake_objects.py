@@ -6,7 +6,8 @@ Objects live under their API path (`/apis/<group>/<version>/namespaces/<ns>/<plu
 namespace, and refuses a name that exists (409 AlreadyExists); a replace refuses a stale resourceVersion
 (409 Conflict) and an object that does not exist (404); both validate the body with the JSON schema
 registered for the plural, if any (422 Invalid, naming each error), as the API server checks a CRD's
-openAPIV3Schema. Tests seed objects (`put`), read them (`get`) and see every request (`requests`).
+openAPIV3Schema; a plural in `uninstalled` is a CRD that is not installed. Tests seed objects (`put`),
+read them (`get`) and see every request (`requests`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ObjectStore:
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.schemas: dict[str, dict[str, Any]] = {}  # plural -> JSON schema of its objects
+        self.uninstalled: set[str] = set()  # plurals whose CRD is not installed: every request is a 404
         self.requests: list[tuple[str, str]] = []  # (method, path), in order
         self._versions = itertools.count(1000)
         self._lock = threading.Lock()
@@ -63,6 +65,8 @@ class ObjectStore:
         match = _PATH.match(path)
         if match is None:
             return 404, status(404, "NotFound", f"unexpected {method} {path}")
+        if match["plural"] in self.uninstalled:
+            return 404, status(404, "NotFound", "the server could not find the requested resource")
         with self._lock:
             if method == "GET":
                 return self._read(path, match)
