@@ -10,7 +10,8 @@ behaviour:
   `--pod-name`/POD_NAME (labels/nodefeature.py); `--use-node-feature-api=false` writes NFD's features.d
   file (`--output-file`) instead;
 - label, sleep `--sleep-interval` (`infinite`: label once and sleep), label again; SIGHUP reloads the config
-  and labels at once (the config-manager sidecar sends it), SIGTERM, SIGINT and SIGQUIT end the run;
+  and labels at once (the config-manager sidecar sends it; a config that does not load is logged and the
+  one in use kept, where GFD exits), SIGTERM, SIGINT and SIGQUIT end the run;
 - on exit the features.d file is removed unless `--oneshot` (the NodeFeature object is left to its owners).
 
 Where GFD exits on a failed pass (NVML, the API server), this one logs the failure once per reason and tries
@@ -26,6 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -84,6 +86,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    """One configuration: the plugin config (MIG strategy, sharing) and GFD's own settings."""
+
+    config: Config
+    settings: GfdSettings
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = with_gfd_env_aliases(os.environ if environ is None else environ)
     args = build_parser(env).parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -91,11 +101,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     handled = set(_SIGNALS)
     signal.pthread_sigmask(signal.SIG_BLOCK, handled)  # taken by sigtimedwait, never by a handler
     try:
+        loaded = _load(args, env)
         while True:
-            restart = _run(args, env)
-            if not restart:
+            output, cleanup = _output(args, loaded.settings)
+            if not _run(args, loaded, output):
+                if not loaded.settings.oneshot:
+                    cleanup()
                 return 0
-            log.info("SIGHUP: reloading the configuration and labelling again")
+            reloaded = _reload(args, env, loaded)
+            # GFD removes its file at every SIGHUP and writes it again; kept here while it is still the
+            # output, so NFD never misses it.
+            if _target(reloaded.settings) != _target(loaded.settings):
+                cleanup()
+            loaded = reloaded
     except DevicePluginError as exc:
         log.error("%s", exc)
         return 1
@@ -103,28 +121,39 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
 
 
-def _run(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
-    """One configuration's life: label every interval until a signal; True when SIGHUP asks for a reload."""
+def _load(args: argparse.Namespace, env: Mapping[str, str]) -> _Loaded:
+    return _Loaded(config=resolve_config(args, env), settings=resolve_gfd_settings(args, env))
+
+
+def _reload(args: argparse.Namespace, env: Mapping[str, str], loaded: _Loaded) -> _Loaded:
+    """The configuration after SIGHUP; a bad one is refused, naming the problem, and `loaded` kept."""
+    log.info("SIGHUP: reloading the configuration and labelling again")
+    try:
+        return _load(args, env)
+    except DevicePluginError as exc:
+        log.error("%s; labelling with the configuration in use", exc)
+        return loaded
+
+
+def _target(settings: GfdSettings) -> tuple[bool, str]:
+    return settings.use_node_feature_api, settings.output_file
+
+
+def _run(args: argparse.Namespace, loaded: _Loaded, output: Output) -> bool:
+    """Label every interval until a signal; True when SIGHUP asks for a reload."""
     from nvidia_device_plugin.labels.nfd import read_machine_type
     from nvidia_device_plugin.labels.node import LabelSettings
 
-    config = resolve_config(args, env)
-    settings = resolve_gfd_settings(args, env)
+    settings = loaded.settings
     labels_settings = LabelSettings(
         no_timestamp=settings.no_timestamp, machine_type=read_machine_type(settings.machine_type_file)
     )
-    output, cleanup = _output(args, settings)
-    session = _open(args.simulate, config)
-    restart = False
+    session = _open(args.simulate, loaded.config)
     try:
-        restart = _label_until_signal(session, config, labels_settings, settings, output)
-        return restart
+        return _label_until_signal(session, loaded.config, labels_settings, settings, output)
     finally:
         if session is not None:
             session.close()
-        # GFD removes its file on SIGHUP too, then writes it again; kept here, so NFD never misses it.
-        if not settings.oneshot and not restart:
-            cleanup()
 
 
 def _label_until_signal(

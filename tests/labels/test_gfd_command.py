@@ -155,65 +155,72 @@ def test_gfd_spellings_of_the_shared_variables_win(tmp_path: Path) -> None:
     assert read_labels(out)[N + "mig.strategy"] == "mixed"
 
 
-def start_gfd(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", "import sys; from nvidia_device_plugin.cli.gfd import main; "
-         "sys.exit(main())", *argv],
-        env={**os.environ, **FILE_OUTPUT, **env},
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+class Gfd:
+    """`gpu-feature-discovery` as a process, its stderr in a file the test can read while it runs."""
 
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from nvidia_device_plugin.cli.gfd import main; "
+                 "sys.exit(main())", *argv],
+                env={**os.environ, **FILE_OUTPUT, **env},
+                stderr=stderr,
+            )  # fmt: skip
 
-def stop(proc: subprocess.Popen[str]) -> str:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    return err
+    def err(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        assert self.proc.returncode == 0, self.err()
+        return self.err()
 
 
 def test_gfd_daemon_relabels_and_removes_its_file_on_sigterm(tmp_path: Path) -> None:
     out = tmp_path / "gfd"
     argv = ["-o", str(out), "--sleep-interval", "50ms", "--simulate", "dgx-h100", "--machine-type-file", ""]
-    proc = start_gfd(argv, {"GFD_SLEEP_INTERVAL": "1h"})  # the flag wins over the variable
+    gfd = Gfd(argv, {"GFD_SLEEP_INTERVAL": "1h"}, tmp_path / "err")  # the flag wins over the variable
     try:
         wait_for(lambda: read_labels(out).get(N + "gpu.count") == "8", "the first pass")
         first = read_labels(out)[N + "gfd.timestamp"]
         wait_for(lambda: read_labels(out).get(N + "gfd.timestamp", first) != first, "a second pass")
     finally:
-        stop(proc)
+        gfd.stop()
     assert not out.exists()
+
+
+SHARING = "version: v1\nsharing: {{timeSlicing: {{resources: [{{name: nvidia.com/gpu, replicas: {}}}]}}}}\n"
 
 
 def test_infinite_sleep_labels_once_sleeps_and_sighup_reloads_the_config(tmp_path: Path) -> None:
     out, config = tmp_path / "gfd", tmp_path / "config.yaml"
     config.write_text("version: v1\n")
-    argv = [
-        "-o",
-        str(out),
-        "--sleep-interval",
-        "infinite",
-        "--simulate",
-        "t4-single",
-        "--config-file",
-        str(config),
-    ]
-    proc = start_gfd(argv, {})
+    argv = ["-o", str(out), "--sleep-interval", "infinite", "--simulate", "t4-single", "--config-file"]
+    gfd = Gfd([*argv, str(config)], {}, tmp_path / "err")
     try:
         wait_for(lambda: read_labels(out).get(N + "gpu.replicas") == "1", "the one pass")
-        assert proc.poll() is None  # labelled, and sleeping (it exited 1 here before)
-        config.write_text(
-            "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}\n"
-        )
-        proc.send_signal(signal.SIGHUP)  # as config-manager's sidecar does after switching the config
+        assert gfd.proc.poll() is None  # labelled, and sleeping (it exited 1 here before)
+        config.write_text(SHARING.format(4))
+        gfd.proc.send_signal(signal.SIGHUP)  # as config-manager's sidecar does after switching the config
         wait_for(lambda: read_labels(out).get(N + "gpu.replicas") == "4", "the relabel after SIGHUP")
-        assert proc.poll() is None
+        assert gfd.proc.poll() is None
+        # A config that does not load is refused, and the one in use kept (GFD would exit here).
+        config.write_text(SHARING.format(0))
+        gfd.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "labelling with the configuration in use" in gfd.err(), "the refusal")
+        assert gfd.proc.poll() is None and read_labels(out)[N + "gpu.replicas"] == "4"
+        config.write_text(SHARING.format(2))
+        gfd.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: read_labels(out).get(N + "gpu.replicas") == "2", "the next good config")
     finally:
-        err = stop(proc)
+        err = gfd.stop()
     assert "sleeping until a signal" in err
+    assert "replicas" in err.split("labelling with the configuration in use")[0].splitlines()[-1]
     assert not out.exists()
