@@ -4,6 +4,9 @@ It answers `GET /api/v1/nodes?fieldSelector=metadata.name=<node>` with a NodeLis
 `watch=true` with a stream of JSON lines (`{"type": "MODIFIED", "object": <Node>}`) that a test feeds:
 label changes, a stream end (the client reconnects from the last resourceVersion), and an ERROR event with
 a 410 Status (the client lists again). Every loop is bounded and the server stops on exit.
+
+Namespaced objects (a NodeFeature, a Pod) are served by `objects` (support/fake_objects.py): GET, and POST and
+PUT validated against the JSON schema registered for their kind.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from support.fake_objects import ObjectStore
 
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
@@ -34,7 +39,8 @@ class FakeApiServer:
             "spec": {},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
-        self.requests: list[dict[str, list[str]]] = []  # query of each request, in order
+        self.requests: list[dict[str, list[str]]] = []  # query of each node request, in order
+        self.objects = ObjectStore()
         self.feed: queue.Queue[object] = queue.Queue()
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -92,6 +98,9 @@ class FakeApiServer:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if fake.objects.serves(url.path):
+                    self._send(*fake.objects.answer("GET", url.path, None))
+                    return
                 query = parse_qs(url.query)
                 fake.requests.append(query)
                 if url.path != "/api/v1/nodes" or query.get("fieldSelector") != [f"metadata.name={NODE}"]:
@@ -107,6 +116,20 @@ class FakeApiServer:
                             "items": [copy.deepcopy(fake.node)],
                         }
                     self._send(200, body)
+
+            def do_POST(self) -> None:
+                self._write("POST")
+
+            def do_PUT(self) -> None:
+                self._write("PUT")
+
+            def _write(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length)) if length else None
+                except ValueError:
+                    body = None
+                self._send(*fake.objects.answer(method, urlsplit(self.path).path, body))
 
             def _send(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.sim.node import GpuSpec, MigSpec, NodeSpec
+from nvidia_device_plugin.nvml.sim.pci_config import pci_config
 
 # The fake driver root: libraries (name stems; each file is <stem>.so.<driver version>), binaries, firmware.
 DRIVER_LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
@@ -89,6 +90,7 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
         pci.mkdir(parents=True)
         (pci / "numa_node").write_text(f"{gpu.numa_node}\n")
         (pci / "class").write_text(f"{gpu.pci_class}\n")  # GFD's gpu.mode label reads it
+        (pci / "config").write_bytes(pci_config(gpu, node.unprivileged_container))  # and vgpu.* this
         minor = gpu_minor(gpu)
         (dev / f"nvidia{minor}").touch()
         for gi in range(_GPU_INSTANCES):
