@@ -37,8 +37,8 @@ from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
-from nvidia_device_plugin.serving.allocate import imex_problem, imex_summary
 from nvidia_device_plugin.serving.backend import GpuResourceBackend
+from nvidia_device_plugin.serving.imex import imex_problem, imex_summary
 from nvidia_device_plugin.sharing.mps import shared_devices
 from nvidia_device_plugin.sharing.readiness import (
     DEFAULT_POLL_INTERVAL_S,

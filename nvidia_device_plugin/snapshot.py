@@ -59,8 +59,8 @@ def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | N
     violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
     plans = build_resources(inventory, config, violations)
     check_device_list_sizes(plans)
-    allocation = AllocationSettings.from_config(config, session.host)
     cdi = plan_cdi(inventory, plans, config, session.host)
+    allocation = AllocationSettings.from_config(config, session.host, cdi)  # names what the CDI specs define
     return Snapshot(config, inventory, plans, allocation, violations, cdi)
 
 

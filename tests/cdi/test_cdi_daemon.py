@@ -4,14 +4,13 @@ schema); reloads rewrite the specs; a node whose specs cannot be made serves not
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_cdi_spec import assert_valid_spec, cdi_config
+from cdi_support import cdi_config, defined_names
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.cdi.model import CDI_VENDOR
@@ -36,16 +35,6 @@ def daemons() -> Iterator[list[Daemon]]:
 def spec_dir(daemon: Daemon) -> Path:
     assert daemon.snapshot is not None and daemon.snapshot.cdi is not None
     return Path(daemon.snapshot.cdi.spec_dir)
-
-
-def defined_names(directory: Path) -> set[str]:
-    """Every CDI device name the spec files in `directory` define, each file checked against the schema."""
-    names: set[str] = set()
-    for name in os.listdir(directory):
-        document = json.loads((directory / name).read_text())
-        assert_valid_spec(document)
-        names |= {f"{document['kind']}={d['name']}" for d in document["devices"]}
-    return names
 
 
 def returned_names(response: pb.ContainerAllocateResponse) -> list[str]:
@@ -100,13 +89,13 @@ def test_a_reload_changing_the_mig_layout_and_id_strategy_rewrites_the_specs(
     (directory / f"{CDI_VENDOR}-mig.json").write_text("{}")  # a stale spec of ours
     assert daemon.snapshot is not None
     gpu_uuids = {g.uuid for g in daemon.snapshot.inventory.gpus}
-    assert before == {f"{CDI_VENDOR}/gpu={u}" for u in gpu_uuids | {"all"}}
+    assert before == {f"{CDI_VENDOR}/gpu={u}" for u in gpu_uuids}
 
     configs.append(cdi_config("cdi-cri", ids="index", mig="mixed"))
     assert daemon.reload("test")
     after = defined_names(directory)
     assert os.listdir(directory) == [GPU_SPEC]
-    assert not before & after - {f"{CDI_VENDOR}/gpu=all"}  # no name of the old layout is left
+    assert not before & after  # no name of the old layout is left (no admitted container holds one)
     assert daemon.snapshot is not None
     resources = [p.name for p in daemon.snapshot.plans]
     assert kubelet.wait_for_resources(resources)
