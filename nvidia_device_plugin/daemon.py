@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
 from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
@@ -78,7 +79,9 @@ class Daemon:
         self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, events=self.metrics)
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
-        self.cdi = CdiPublisher()  # CDI specs of the served snapshot (cdi-annotations / cdi-cri)
+        # CDI specs of the served snapshot (cdi-annotations / cdi-cri), keeping the names kubelet's
+        # checkpoint still holds.
+        self.cdi = CdiPublisher(options.plugin_dir / CHECKPOINT_FILE)
         self._discovery = FailureLog(log)  # discovery problems and MIG violations, each logged once
         self.reloads = SnapshotFollower(
             options.load_config,
