@@ -154,19 +154,8 @@ class CdiPublisher:
             if failure is not None and directory == wanted:
                 problem = problem or f"cannot write the CDI spec: {failure}"
         self._report_kept(tuple(kept))
-        self._set_problem(problem)
-        return problem
-
-    def _set_problem(self, problem: str | None) -> None:
-        if problem is not None:
-            self._failures.report(
-                "problem",
-                f"{problem}; serving no resources until it is fixed (then SIGHUP or a config change)",
-                logging.ERROR,
-            )
-        elif self._failures.clear("problem"):
-            log.info("CDI specs can be generated again; serving resources")
         self.problem = problem
+        return problem
 
     def _publish_dir(
         self, directory: Path, specs: Sequence[CdiSpec], in_use: frozenset[str] | None, kept: list[str]
