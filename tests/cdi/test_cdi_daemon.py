@@ -22,6 +22,7 @@ from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
+from support.markers import soak
 
 GPU_SPEC = f"{CDI_VENDOR}-gpu.json"
 
@@ -238,3 +239,34 @@ def test_a_driver_root_mounted_after_start_is_served_without_a_sighup(
         assert set(allocate_each(kubelet, GPU)) <= defined_names(spec_dir(daemon))
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize("cycles", [2, soak(200)])
+def test_cdi_faults_during_reloads_never_leave_the_node_without_its_gpus(
+    cycles: int,
+    plugin_dir: Path,
+    kubelet: KubeletStandIn,
+    daemons: list[Daemon],
+    fast_retries: pytest.LogCaptureFixture,
+) -> None:
+    configs = [cdi_config("cdi-cri")]
+    daemon = start_daemon(plugin_dir, "dgx-a100", lambda: configs[-1])
+    daemons.append(daemon)
+    assert kubelet.wait_for_resources([GPU])
+    assert daemon.nvml is not None and daemon.nvml.host.driver_root is not None
+    root, directory = daemon.nvml.host.driver_root, spec_dir(daemon)
+    served = 8
+    for cycle in range(cycles):
+        broken = root if cycle % 2 else directory  # alternately the driver root and the spec directory
+        away = broken.rename(broken.with_name(f"{broken.name}-away"))
+        if broken == directory:
+            directory.write_text("")
+        configs.append(cdi_config("cdi-cri", replicas=2 if served == 8 else 0))
+        assert not daemon.reload(f"cycle {cycle}")
+        assert len(kubelet.devices(GPU)) == served  # never fewer while the fault lasts
+        if broken == directory:
+            directory.unlink()
+        away.rename(broken)
+        served = 16 if served == 8 else 8
+        assert kubelet.wait_for(lambda n=served: len(kubelet.devices(GPU)) == n), cycle
+        assert set(allocate_each(kubelet, GPU)) <= defined_names(directory)
