@@ -37,6 +37,11 @@ class MigDevice:
     # nvmlDeviceGetAttributes of the MIG device (what GFD's per-profile labels publish); None where
     # NVML would not say.
     attributes: MigAttributes | None = None
+    # nvmlGpuInstanceGetInfo of its GPU instance: NVML's ID of the instance's profile (its `profileId`,
+    # unlike `profile_id` above) and its placement (first memory slice, slices); DRA names a MIG device by
+    # these (dra/names.py). None where NVML would not say.
+    gi_profile_info_id: int | None = None
+    placement: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:

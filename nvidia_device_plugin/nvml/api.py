@@ -47,11 +47,19 @@ class DeviceAttributes(Protocol):
     sharedOfaCount: int
 
 
+class GpuInstancePlacement(Protocol):
+    """pynvml.c_nvmlGpuInstancePlacement_t: the first memory slice of a GPU instance and how many it spans."""
+
+    start: int
+    size: int
+
+
 class GpuInstanceInfo(Protocol):
     """pynvml.c_nvmlGpuInstanceInfo_t: a GPU instance; profileId is the profile's `id`."""
 
     id: int
     profileId: int
+    placement: GpuInstancePlacement
 
 
 class GpuInstanceProfileInfo(Protocol):
