@@ -83,6 +83,7 @@ class Gpu:
     pci_class: str | None = None  # sysfs PCI class, "0x030200" (3D controller) or "0x030000" (VGA)
     mig_capable: bool = False  # nvmlDeviceGetMigMode answered (MIG can be enabled on it)
     nvswitch_links: int = 0  # NVLinks from this GPU to NVSwitches
+    pcie_root: str | None = None  # its PCIe root complex, "pci0000:00", from sysfs (DRA's pcieRoot)
 
     @property
     def label(self) -> str:

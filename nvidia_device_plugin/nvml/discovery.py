@@ -25,7 +25,13 @@ from nvidia_device_plugin.nvml.errors import (
 )
 from nvidia_device_plugin.nvml.mig_discovery import read_mig_devices
 from nvidia_device_plugin.nvml.mig_profiles import CapsMinors, read_mig_minors
-from nvidia_device_plugin.nvml.pci import bus_id_text, read_numa_node, read_pci_class, sysfs_pci_dir
+from nvidia_device_plugin.nvml.pci import (
+    bus_id_text,
+    read_numa_node,
+    read_pci_class,
+    read_pcie_root,
+    sysfs_pci_dir,
+)
 from nvidia_device_plugin.nvml.reader import GpuLost, Reader, raise_if_lost
 from nvidia_device_plugin.nvml.topology import read_links
 
@@ -128,6 +134,7 @@ def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host) -> Gpu |
             mig_capable=mig_capable,
             compute_capability=_compute_capability(reader, handle, index),
             pci_class=read_pci_class(gpu.pci_bus_id, host.sysfs_root),
+            pcie_root=read_pcie_root(gpu.pci_bus_id, host.sysfs_root),
         )
         migs = read_mig_devices(reader, handle, gpu, host.proc_root, host.caps) if mig_enabled else ()
     except GpuLost as lost:
