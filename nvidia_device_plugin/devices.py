@@ -84,6 +84,8 @@ class Gpu:
     mig_capable: bool = False  # nvmlDeviceGetMigMode answered (MIG can be enabled on it)
     nvswitch_links: int = 0  # NVLinks from this GPU to NVSwitches
     pcie_root: str | None = None  # its PCIe root complex, "pci0000:00", from sysfs (DRA's pcieRoot)
+    brand: str | None = None  # NVML's brand, as go-nvlib spells it ("Nvidia", "Tesla"), for DRA
+    architecture: str | None = None  # NVML's architecture ("Ampere", "Ada Lovelace"), for DRA
 
     @property
     def label(self) -> str:

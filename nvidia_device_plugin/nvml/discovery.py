@@ -32,6 +32,7 @@ from nvidia_device_plugin.nvml.pci import (
     read_pcie_root,
     sysfs_pci_dir,
 )
+from nvidia_device_plugin.nvml.product import read_brand_and_architecture
 from nvidia_device_plugin.nvml.reader import GpuLost, Reader, raise_if_lost
 from nvidia_device_plugin.nvml.topology import read_links
 
@@ -136,6 +137,8 @@ def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host) -> Gpu |
             pci_class=read_pci_class(gpu.pci_bus_id, host.sysfs_root),
             pcie_root=read_pcie_root(gpu.pci_bus_id, host.sysfs_root),
         )
+        brand, architecture = read_brand_and_architecture(reader, handle, index)
+        gpu = replace(gpu, brand=brand, architecture=architecture)
         migs = read_mig_devices(reader, handle, gpu, host.proc_root, host.caps) if mig_enabled else ()
     except GpuLost as lost:
         reader.note_lost(index, uuid, lost.call)

@@ -8,6 +8,7 @@ import pynvml
 
 from nvidia_device_plugin.nvml.api import DeviceHandle, FieldValue, MemoryInfo, PciInfo
 from nvidia_device_plugin.nvml.sim.host import gpu_minor
+from nvidia_device_plugin.nvml.sim.product import product_architecture, product_brand
 from nvidia_device_plugin.nvml.sim.state import (
     _GPU_STRIDE,
     _MIG_STRIDE,
@@ -90,6 +91,16 @@ class DeviceQueries(SimulatorState):
         if gpu.compute_capability is None:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu.compute_capability
+
+    @pynvml_function
+    def nvmlDeviceGetBrand(self, handle: DeviceHandle) -> int:
+        gpu, _ = self._device(handle)
+        return product_brand(gpu.name)
+
+    @pynvml_function
+    def nvmlDeviceGetArchitecture(self, device: DeviceHandle) -> int:
+        gpu, _ = self._device(device)
+        return product_architecture(gpu.compute_capability)
 
     # ---- health beyond events ---------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
-"""The PCIe root complex of each GPU, read from where sysfs places the device (DRA's pcieRoot)."""
+"""GPU facts read for DRA: the PCIe root complex (from where sysfs places the device), brand, architecture."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pynvml
 
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.pci import read_pcie_root
@@ -35,3 +37,27 @@ def test_a_device_sysfs_does_not_place_under_a_root_has_none(tmp_path: Path) -> 
     loop = tmp_path / "bus/pci/devices/0000:09:00.0"
     loop.symlink_to(loop)
     assert read_pcie_root("00000000:09:00.0", tmp_path) is None
+
+
+def test_brand_and_architecture_are_read_as_go_nvlib_spells_them() -> None:
+    for preset, expected in (
+        ("dgx-a100", ("Nvidia", "Ampere")),
+        ("t4-single", ("Tesla", "Turing")),
+        ("dgx-h100", ("Nvidia", "Hopper")),
+        ("b200", ("Nvidia", "Blackwell")),
+    ):
+        sim = SimulatedNvml(load_node(preset))
+        sim.nvmlInit()
+        gpu = discover(sim, sim.materialize_host().sysfs_root).gpus[0]
+        sim.close()
+        assert (gpu.brand, gpu.architecture) == expected, preset
+
+
+def test_a_brand_nvml_will_not_give_is_left_out_with_a_problem() -> None:
+    sim = SimulatedNvml(load_node("dgx-a100"))
+    sim.nvmlInit()
+    sim.fail_always("nvmlDeviceGetBrand", pynvml.NVML_ERROR_UNKNOWN, gpu=1)
+    inventory = discover(sim, sim.materialize_host().sysfs_root)
+    sim.close()
+    assert [g.brand for g in inventory.gpus[:3]] == ["Nvidia", None, "Nvidia"]
+    assert any(p.call == "nvmlDeviceGetBrand" and p.gpu_index == 1 for p in inventory.problems)
