@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, env_value
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.dra.mode import DraOptions
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -86,3 +90,21 @@ def write_dra_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if not plan.enabled:
         print("note: dra.enabled is false in this config; a daemon publishes these once it is turned on")
     return 0
+
+
+def dra_options(args: argparse.Namespace) -> DraOptions:
+    """`run`'s DRA options from its flags; the API client is made only once a config turns DRA on."""
+    from nvidia_device_plugin.dra.mode import DraOptions
+
+    def api_client() -> object:
+        from nvidia_device_plugin.configmanager.nodewatch import api_client_from_environment
+
+        return api_client_from_environment()
+
+    return DraOptions(
+        node_name=args.node_name or "",
+        pod_resources_socket=Path(args.pod_resources_socket),
+        kubelet_plugins_dir=Path(args.kubelet_plugins_dir),
+        kubelet_registry_dir=Path(args.kubelet_registry_dir),
+        api_client=api_client,
+    )
