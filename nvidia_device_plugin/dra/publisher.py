@@ -51,8 +51,17 @@ class SlicePublisher(Worker):
         self._version = 0  # bumped by every publish()
         self._node_uid: str | None = None
         self._failures = FailureLog(log)
-        self.published: frozenset[str] | None = None  # GPUs in the slices of the last good sync
+        # GPUs the API server may hold in our slices: those of the last good sync, and of every sync since
+        # (one in flight has written some of its calls already); None before the first good sync.
+        self._published: frozenset[str] | None = None
+        self._maybe: frozenset[str] = frozenset()
         self.syncs = 0  # good syncs, for tests and metrics
+
+    @property
+    def published(self) -> frozenset[str] | None:
+        """The GPUs that may be in this node's slices now (None: unknown, before the first good sync)."""
+        with self._lock:
+            return None if self._published is None else self._published | self._maybe
 
     def publish(self, devices: Sequence[Json], gpus: frozenset[str]) -> None:
         with self._lock:
@@ -88,6 +97,8 @@ class SlicePublisher(Worker):
                 synced_version = -1 if version == synced_version else synced_version
 
     def _sync(self, devices: list[Json], gpus: frozenset[str]) -> bool:
+        with self._lock:
+            self._maybe |= gpus  # from the first call on, the API server may hold them
         try:
             if self._node_uid is None:
                 self._node_uid = self._api.node_uid(self._node)
@@ -108,7 +119,8 @@ class SlicePublisher(Worker):
                 "ResourceSlices of node %s: %d device(s) in %d slice(s), pool generation %d",
                 self._node, len(devices), len(plan.updates) + len(plan.creates) or 1, plan.generation,
             )  # fmt: skip
-        self.published = gpus
+        with self._lock:
+            self._published, self._maybe = gpus, frozenset()
         self.syncs += 1
         if self._on_published is not None:
             self._on_published(gpus)
