@@ -13,6 +13,7 @@ from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, env
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.dra.mode import DraOptions
+    from nvidia_device_plugin.snapshot import Snapshot
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -107,4 +108,18 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
         kubelet_plugins_dir=Path(args.kubelet_plugins_dir),
         kubelet_registry_dir=Path(args.kubelet_registry_dir),
         api_client=api_client,
+    )
+
+
+def dra_summary(snapshot: Snapshot) -> str:
+    """The line `plan` ends with when DRA is on: which GPUs DRA owns (the table shows them all)."""
+    from nvidia_device_plugin.dra.ownership import DRA, wanted_owners
+
+    owners = wanted_owners(snapshot.inventory, snapshot.config.dra)
+    owned = sorted(g.index for g in snapshot.inventory.gpus if owners.get(g.uuid) == DRA)
+    gpus = ", ".join(map(str, owned)) or "none"
+    return (
+        f"DRA: on; GPUs {gpus} go to DRA (driver gpu.nvidia.com) once free, the device plugin keeps the "
+        "rest; "
+        "`nvidia-device-plugin dra plan` writes what DRA publishes"
     )
