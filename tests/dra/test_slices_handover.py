@@ -19,6 +19,8 @@ from nvidia_device_plugin.config.v1 import Health as HealthConfig
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.daemon import Daemon
 from nvidia_device_plugin.dra.mode import DraOptions
+from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health.policy import REASON_LOST
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.resources import physical_uuid_of
 
@@ -275,7 +277,9 @@ def test_an_xid_taints_the_dra_device_and_recovery_lifts_it(
 def test_a_lost_gpu_gets_its_own_taint(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
     with dra_node(plugin_dir, kubelet, dra("all"), preset="mixed-a100-h100") as node:
         wait_for(lambda: len(node.sliced()) == 4, "4 GPUs in the slices")
-        simulator(node.daemon).set_lost(1, True)
+        # The monitor's verdict on a GPU that fell off (its liveness poll takes 5 s to say so; the verdict
+        # is what the DRA side reads, through the registry, as from the monitor)
+        node.daemon.registry.mark(HealthChange(uuid=node.uuids[1], healthy=False, reason=REASON_LOST))
         wait_for(
             lambda: (
                 [t["key"] for t in node.api.devices()["gpu-1"].get("taints") or []]
@@ -293,3 +297,18 @@ def test_a_config_whose_dra_gpu_is_not_here_is_refused_and_the_last_good_one_kep
         assert node.daemon.reload("test") is False
         wait_for(lambda: node.sliced() == {node.uuids[0]}, "GPU 0 still in the slices")
         assert len(node.plugin_gpus()) == 7
+
+
+def test_verdicts_read_as_taints() -> None:
+    from nvidia_device_plugin.dra.taints import taint_for
+    from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC
+    from nvidia_device_plugin.health.registry import REASON_LOST_AT_START_UP
+
+    assert taint_for("XID 79 (GPU has fallen off the bus)", 79) == ("gpu.nvidia.com/xid", "79")
+    assert taint_for("XID 48 (double-bit ECC error)", None) == ("gpu.nvidia.com/xid", "48")  # seeded
+    assert (
+        taint_for(REASON_LOST, None)
+        == taint_for(REASON_LOST_AT_START_UP, None)
+        == ("gpu.nvidia.com/gpu-lost", None)
+    )
+    assert taint_for(REASON_DOUBLE_BIT_ECC, None) == ("gpu.nvidia.com/unhealthy", "double-bit-ecc")
