@@ -35,6 +35,8 @@ test: lint typecheck unit
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
 		nvidia_device_plugin/api/v1beta1/api.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+		nvidia_device_plugin/api/podresources/v1/api.proto
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

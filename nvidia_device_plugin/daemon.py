@@ -29,6 +29,8 @@ from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.devices import describe
+from nvidia_device_plugin.dra.mode import DraMode, DraOptions
+from nvidia_device_plugin.dra.wiring import DraWiring
 from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
@@ -70,9 +72,13 @@ class DaemonOptions:
     node_config: Worker | None = None
     # --simulate-events: drives the simulated NVML `open_nvml` returns (nvml.sim.events).
     simulated_events: Worker | None = None
+    # Where the DRA mode finds the node's kubelet and API (cli/dra.py); the config's dra.enabled turns it on.
+    dra: DraOptions | None = None
 
 
-class Daemon:
+class Daemon(DraWiring):
+    options: DaemonOptions
+
     def __init__(self, options: DaemonOptions) -> None:
         self.options = options
         self.registry = HealthRegistry()
@@ -88,11 +94,12 @@ class Daemon:
         self.reloads = SnapshotFollower(
             options.load_config,
             self._apply_reload,
-            check=self._servable,
+            check=lambda snapshot: self.check_dra(self._servable(snapshot)),
             kept="still serving the previous config",
             on_result=self.metrics.config_reloaded,
         )
         self._monitor: HealthMonitor | None = None
+        self.dra: DraMode | None = None  # made when a config first turns dra.enabled on (_plugin_plans)
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
         self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
@@ -283,7 +290,7 @@ class Daemon:
                     mps_gate=self.mps_readiness if plan.sharing == "mps" else None,
                 ),
             )
-            for plan in snapshot.plans
+            for plan in self._plugin_plans(snapshot)
         }
         # The specs were written (by _servable) before the servers see the new plans, so every name
         # Allocate returns is defined; when they cannot be made at start, no resource is served rather
@@ -326,6 +333,8 @@ class Daemon:
     def _on_health_change(self, change: HealthChange) -> None:
         """The one log line per health change, and an immediate ListAndWatch push where it matters."""
         self.metrics.health_changed(change)
+        if self.dra is not None:
+            self.dra.on_health_change(change)  # taints the DRA device (or lifts its taint)
         if self.labels is not None:
             self.labels.notify()
         snapshot = self.snapshot

@@ -37,6 +37,11 @@ class MigDevice:
     # nvmlDeviceGetAttributes of the MIG device (what GFD's per-profile labels publish); None where
     # NVML would not say.
     attributes: MigAttributes | None = None
+    # nvmlGpuInstanceGetInfo of its GPU instance: NVML's ID of the instance's profile (its `profileId`,
+    # unlike `profile_id` above) and its placement (first memory slice, slices); DRA names a MIG device by
+    # these (dra/names.py). None where NVML would not say.
+    gi_profile_info_id: int | None = None
+    placement: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:
@@ -102,6 +107,9 @@ class Gpu:
     fabric: GpuFabric | None = None  # None: not attached to an NVLink fabric, or NVML would not say
     vgpu: VgpuInfo | None = None  # None: not a vGPU, or its PCI config space could not be read whole
     vgpu_checked: bool = False  # its PCI config space was read whole, so `vgpu` is known
+    pcie_root: str | None = None  # its PCIe root complex, "pci0000:00", from sysfs (DRA's pcieRoot)
+    brand: str | None = None  # NVML's brand, as go-nvlib spells it ("Nvidia", "Tesla"), for DRA
+    architecture: str | None = None  # NVML's architecture ("Ampere", "Ada Lovelace"), for DRA
 
     @property
     def label(self) -> str:

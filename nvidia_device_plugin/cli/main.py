@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from nvidia_device_plugin import __version__
-from nvidia_device_plugin.cli import demo, labels, mps_control, plan, run
+from nvidia_device_plugin.cli import demo, dra, labels, mps_control, plan, run
 from nvidia_device_plugin.cli.common import Command
 from nvidia_device_plugin.cli.run import DEFAULT_PLUGIN_DIR
 from nvidia_device_plugin.errors import DevicePluginError
@@ -25,7 +25,7 @@ __all__ = ["COMMANDS", "DEFAULT_PLUGIN_DIR", "build_parser", "main"]
 
 log = logging.getLogger("nvidia_device_plugin")
 
-COMMANDS = ("run", "mps-control-daemon", "demo", "plan", "check-config", "labels")
+COMMANDS = ("run", "mps-control-daemon", "demo", "plan", "check-config", "labels", "dra")
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -41,6 +41,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     plan.add_parser(commands.add_parser, environ)
     labels.add_parser(commands.add_parser, environ)
     plan.add_check_config_parser(commands.add_parser)
+    dra.add_parser(commands.add_parser, environ)
     return parser
 
 

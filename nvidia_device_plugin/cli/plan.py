@@ -74,4 +74,8 @@ def print_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(json.dumps({**document, "cdi": cdi_to_json(cdi)}, indent=2))
     else:
         print(render_plan_table(snapshot.plans, snapshot.inventory) + render_cdi_summary(cdi), end="\n")
+    if config.dra.enabled and not args.cdi_spec:
+        from nvidia_device_plugin.cli.dra import dra_summary
+
+        print(dra_summary(snapshot), file=sys.stderr if args.output == "json" else sys.stdout)
     return 0

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, config_loader, env_value
+from nvidia_device_plugin.cli.dra import add_run_arguments as add_dra_run_arguments
+from nvidia_device_plugin.cli.dra import dra_options
 from nvidia_device_plugin.cli.labels import add_labels_file_arguments, labels_options
 from nvidia_device_plugin.errors import ConfigError
 
@@ -48,7 +50,7 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
     run.add_argument(
         "--node-name",
         default=env_value(environ, "NODE_NAME", ""),
-        help="this node's name, for --node-config-label [env NODE_NAME]",
+        help="this node's name, for --node-config-label and the DRA mode (its pool) [env NODE_NAME]",
     )
     run.add_argument(
         "--simulate-events",
@@ -63,6 +65,7 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
         "[env NVDP_METRICS_ADDRESS]",
     )
     add_labels_file_arguments(run, environ)
+    add_dra_run_arguments(run, environ)
     run.set_defaults(handler=run_daemon)
 
 
@@ -117,6 +120,7 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             metrics_address=args.metrics_address or "",
             labels=labels_options(args),
             node_config=follower,
+            dra=dra_options(args),
             simulated_events=(
                 SimulatedEventFeeder(Path(args.simulate_events), simulator)
                 if simulator is not None and args.simulate_events

@@ -170,6 +170,20 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         "IMEX channels to inject into every container (only 0 is valid)",
     ),
     ConfigOption(
+        "dra.enabled",
+        ("--dra",),
+        ("NVDP_DRA",),
+        "bool",
+        "also serve DRA (resource.k8s.io/v1: ResourceSlices, the kubelet DRA plugin) for the GPUs DRA owns",
+    ),
+    ConfigOption(
+        "dra.gpus",
+        ("--dra-gpus",),
+        ("NVDP_DRA_GPUS",),
+        "list",
+        "the GPUs DRA owns: all (the default), or GPU indices / UUIDs (comma-separated)",
+    ),
+    ConfigOption(
         "imex.required",
         ("--imex-required",),
         ("IMEX_REQUIRED",),

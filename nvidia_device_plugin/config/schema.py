@@ -18,7 +18,7 @@ from typing import TypeVar
 from nvidia_device_plugin.config.document import Invalid, fail, fail_choice, fail_type, join_path, show
 from nvidia_device_plugin.config.v1 import ConfigWarning, ConfigWarningKind
 
-TOP_FIELDS = ("version", "flags", "resources", "sharing", "health", "imex")
+TOP_FIELDS = ("version", "flags", "resources", "sharing", "health", "imex", "dra")
 FLAG_FIELDS = (
     "migStrategy",
     "failOnInitError",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from nvidia_device_plugin.config.document import check_version, fail, fail_type, show
+from nvidia_device_plugin.config.dra_section import DRA_FIELDS, parse_dra
 from nvidia_device_plugin.config.durations import parse_go_duration
 from nvidia_device_plugin.config.resource_sections import parse_resources, parse_sharing
 from nvidia_device_plugin.config.schema import (
@@ -70,6 +71,7 @@ def parse_document(raw: object, notes: KeyNotes | None = None) -> Config:
     sharing = parse_sharing(doc.section("sharing", SHARING_FIELDS))
     health = _parse_health(doc.section("health", HEALTH_FIELDS))
     imex = _parse_imex(doc.section("imex", IMEX_FIELDS))
+    dra = parse_dra(doc.section("dra", DRA_FIELDS))
     _check_sharing_against_flags(sharing, flags)
     return Config(
         version=VERSION,
@@ -78,6 +80,7 @@ def parse_document(raw: object, notes: KeyNotes | None = None) -> Config:
         sharing=sharing,
         health=health,
         imex=imex,
+        dra=dra,
         warnings=tuple(notes.warnings),
     )
 

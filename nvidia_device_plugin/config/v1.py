@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, get_args
 
+from nvidia_device_plugin.config.dra import Dra
 from nvidia_device_plugin.errors import ConfigError
 
 VERSION = "v1"
@@ -271,6 +272,7 @@ class Config:
     sharing: Sharing = field(default_factory=Sharing)
     health: Health = field(default_factory=Health)
     imex: Imex = field(default_factory=Imex)
+    dra: Dra = field(default_factory=Dra)  # ours (config/dra.py): DRA beside the device plugin
     # What the loader accepted with a warning; not part of the config's meaning, so not compared.
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)
 

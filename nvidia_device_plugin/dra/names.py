@@ -40,3 +40,26 @@ def whole_gpus(inventory: Inventory) -> dict[str, DraDevice]:
     """Every GPU of `inventory` by its DRA name (MIG devices are added by the slice code, which knows
     their placements)."""
     return {gpu_device_name(g): DraDevice(gpu_device_name(g), g) for g in inventory.gpus}
+
+
+def mig_name_of(parent: Gpu, mig: MigDevice) -> str | None:
+    """`mig`'s DRA name; None where NVML would not give its profile ID or placement (it is not published)."""
+    if mig.gi_profile_info_id is None or mig.placement is None:
+        return None
+    return mig_device_name(parent, mig.gi_profile_info_id, *mig.placement)
+
+
+def published_devices(inventory: Inventory) -> dict[str, DraDevice]:
+    """Every device DRA names on this node, by name, in GPU then MIG order: a GPU in MIG mode is its MIG
+    devices (a whole GPU in MIG mode runs no CUDA work), any other GPU is itself, as NVIDIA's DRA driver
+    publishes static MIG. A MIG device without a name (see mig_name_of) is left out."""
+    devices: dict[str, DraDevice] = {}
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if not gpu.mig_enabled:
+            devices[gpu_device_name(gpu)] = DraDevice(gpu_device_name(gpu), gpu)
+            continue
+        for mig in gpu.mig_devices:
+            name = mig_name_of(gpu, mig)
+            if name is not None:
+                devices[name] = DraDevice(name, gpu, mig)
+    return devices

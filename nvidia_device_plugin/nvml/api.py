@@ -48,11 +48,19 @@ class DeviceAttributes(Protocol):
     sharedOfaCount: int
 
 
+class GpuInstancePlacement(Protocol):
+    """pynvml.c_nvmlGpuInstancePlacement_t: the first memory slice of a GPU instance and how many it spans."""
+
+    start: int
+    size: int
+
+
 class GpuInstanceInfo(Protocol):
     """pynvml.c_nvmlGpuInstanceInfo_t: a GPU instance; profileId is the profile's `id`."""
 
     id: int
     profileId: int
+    placement: GpuInstancePlacement
 
 
 class GpuInstanceProfileInfo(Protocol):
@@ -125,6 +133,8 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetCudaComputeCapability(self, handle: DeviceHandle) -> tuple[int, int]: ...
     # `gpuFabricInfo` is ctypes.byref(pynvml.c_nvmlGpuFabricInfo_t()): NVML fills the struct; returns SUCCESS.
     def nvmlDeviceGetGpuFabricInfo(self, device: DeviceHandle, gpuFabricInfo: object) -> int: ...
+    def nvmlDeviceGetBrand(self, handle: DeviceHandle) -> int: ...  # NVML_BRAND_*
+    def nvmlDeviceGetArchitecture(self, device: DeviceHandle) -> int: ...  # NVML_DEVICE_ARCH_*
 
     # ---- health beyond events (recovery checks)
     def nvmlDeviceGetTotalEccErrors(self, handle: DeviceHandle, errorType: int, counterType: int) -> int: ...

@@ -26,7 +26,14 @@ from nvidia_device_plugin.nvml.errors import (
 from nvidia_device_plugin.nvml.fabric import read_fabric
 from nvidia_device_plugin.nvml.mig_discovery import read_mig_devices
 from nvidia_device_plugin.nvml.mig_profiles import CapsMinors, read_mig_minors
-from nvidia_device_plugin.nvml.pci import bus_id_text, read_numa_node, read_pci_class, sysfs_pci_dir
+from nvidia_device_plugin.nvml.pci import (
+    bus_id_text,
+    read_numa_node,
+    read_pci_class,
+    read_pcie_root,
+    sysfs_pci_dir,
+)
+from nvidia_device_plugin.nvml.product import read_brand_and_architecture
 from nvidia_device_plugin.nvml.reader import GpuLost, Reader, raise_if_lost
 from nvidia_device_plugin.nvml.topology import read_links
 from nvidia_device_plugin.nvml.vgpu import read_vgpu
@@ -134,7 +141,10 @@ def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host) -> Gpu |
             fabric=read_fabric(reader, handle, index),
             vgpu=vgpu,
             vgpu_checked=vgpu_checked,
+            pcie_root=read_pcie_root(gpu.pci_bus_id, host.sysfs_root),
         )
+        brand, architecture = read_brand_and_architecture(reader, handle, index)
+        gpu = replace(gpu, brand=brand, architecture=architecture)
         migs = read_mig_devices(reader, handle, gpu, host.proc_root, host.caps) if mig_enabled else ()
     except GpuLost as lost:
         reader.note_lost(index, uuid, lost.call)

@@ -7,6 +7,7 @@ GPU is then served without MIG devices and the problem says CAP_SYS_ADMIN is nee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pynvml
@@ -75,7 +76,8 @@ def _mig_device(
         raise_if_lost(exc, "reading a MIG device")
         _mig_problem(reader, gpu.index, "reading a MIG device", exc, what)
         return None
-    profile_id, profile_memory_mb = _gpu_instance_profile(reader, parent, gpu.index, gi)
+    instance = _gpu_instance(reader, parent, gpu.index, gi)
+    profile_id, profile_memory_mb = instance.profile_id, instance.memory_mb
     slices, suffix = (
         GPU_INSTANCE_PROFILES.get(profile_id, (int(attrs.gpuInstanceSliceCount), ""))
         if profile_id is not None
@@ -96,6 +98,8 @@ def _mig_device(
         gpu_instance_id=gi,
         compute_instance_id=ci,
         profile_id=profile_id,
+        gi_profile_info_id=instance.info_id,
+        placement=instance.placement,
         caps_minors=resolve_caps_minors(caps, proc_root, gpu.minor, gi, ci)
         if proc_root is not None
         else None,
@@ -113,15 +117,24 @@ def _mig_device(
     )
 
 
-def _gpu_instance_profile(
-    reader: Reader, parent: DeviceHandle, index: int, gi: int
-) -> tuple[int | None, int]:
-    """(profile ID, profile memory MiB) of GPU instance `gi`, as go-nvlib finds it; (None, 0) when NVML
+@dataclass(frozen=True)
+class _GpuInstance:
+    """What NVML says of one GPU instance; Nones (and 0) where it would not say."""
+
+    profile_id: int | None = None  # the nvmlGpuInstanceProfile index
+    memory_mb: int = 0  # the profile's memory
+    info_id: int | None = None  # nvmlGpuInstanceInfo_t.profileId
+    placement: tuple[int, int] | None = None  # (start, size)
+
+
+def _gpu_instance(reader: Reader, parent: DeviceHandle, index: int, gi: int) -> _GpuInstance:
+    """GPU instance `gi`'s profile (as go-nvlib finds it) and placement; the profile is unknown when NVML
     will not say (the name then comes from the device attributes, without +me/+gfx)."""
     nv = reader.nv
     try:
-        instance = nv.nvmlDeviceGetGpuInstanceById(parent, gi)
-        wanted = int(nv.nvmlGpuInstanceGetInfo(instance).profileId)
+        info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(parent, gi))
+        wanted = int(info.profileId)
+        placement = (int(info.placement.start), int(info.placement.size))
     except pynvml.NVMLError as exc:
         raise_if_lost(exc, "nvmlDeviceGetGpuInstanceById")
         reader.note(
@@ -131,15 +144,15 @@ def _gpu_instance_profile(
             f"{nvml_error(exc, f'reading the MIG profile IDs of GPU {index}')}; MIG profiles are named "
             "from device attributes, without +me/+gfx attributes",
         )
-        return None, 0
+        return _GpuInstance()
     for profile in GPU_INSTANCE_PROFILES:
         try:
-            info = nv.nvmlDeviceGetGpuInstanceProfileInfo(parent, profile)
+            profile_info = nv.nvmlDeviceGetGpuInstanceProfileInfo(parent, profile)
         except pynvml.NVMLError:
             continue  # profiles this GPU does not have answer NOT_SUPPORTED / INVALID_ARGUMENT
-        if int(info.id) == wanted:
-            return profile, int(info.memorySizeMB)
-    return None, 0
+        if int(profile_info.id) == wanted:
+            return _GpuInstance(profile, int(profile_info.memorySizeMB), wanted, placement)
+    return _GpuInstance(info_id=wanted, placement=placement)
 
 
 def _max_mig_devices(reader: Reader, handle: DeviceHandle, index: int, what: str) -> int:

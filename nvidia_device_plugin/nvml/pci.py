@@ -6,9 +6,12 @@ NVML writes a bus ID as "00000000:07:00.0" (bytes from ctypes); sysfs names the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from nvidia_device_plugin.nvml.api import PciInfo
+
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
 
 
 def bus_id_text(info: PciInfo) -> str:
@@ -57,3 +60,17 @@ def sysfs_pci_name(pci_bus_id: str) -> str | None:
 def sysfs_pci_dir(pci_bus_id: str, sysfs_root: Path) -> Path | None:
     name = sysfs_pci_name(pci_bus_id)
     return None if name is None else sysfs_root / "bus" / "pci" / "devices" / name
+
+
+def read_pcie_root(pci_bus_id: str, sysfs_root: Path) -> str | None:
+    """The PCIe root complex of a GPU, "pci0000:00", from where sysfs places the device (its
+    bus/pci/devices entry links to devices/pci<domain>:<bus>/.../<device>), as Kubernetes' standard
+    `resource.kubernetes.io/pcieRoot` device attribute names it; None when sysfs does not say."""
+    path = sysfs_pci_dir(pci_bus_id, sysfs_root)
+    if path is None:
+        return None
+    try:
+        parts = path.resolve(strict=True).parts
+    except (OSError, RuntimeError):  # absent, or a link loop
+        return None
+    return next((p for p in parts if _PCIE_ROOT.fullmatch(p)), None)

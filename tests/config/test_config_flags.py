@@ -147,6 +147,7 @@ def test_every_option_has_a_flag_an_env_var_and_a_config_path_the_loader_knows()
             "flags.plugin.deviceIDStrategy": "uuid",
             "flags.plugin.sharedDevicesAllocationPolicy": "packed",
             "flags.plugin.cdiSpecDir": "/run/cdi",
+            "dra.gpus": "0,1",
         }.get(option.path, sample)
         # strict: the path exists, as an unknown field would raise
         resolve_config(args, {option.env[0]: env_value}, strict=True)

@@ -200,3 +200,176 @@ def write_kubeconfig(path: Path, server_url: str) -> Path:
         )
     )
     return path
+
+
+# ---- ResourceSlices (the DRA mode's publisher) ----------------------------------------------------------
+
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+class FakeResourceSliceApi:
+    """A stand-in API server (127.0.0.1) for ResourceSlices and the one Node they belong to, over real
+    HTTP: list (with the fieldSelector the publisher sends), create (generateName), update (optimistic
+    concurrency on resourceVersion), delete (uid/resourceVersion preconditions), get node. Every write is
+    recorded; `on_write` (if set) is called after each one, under the store's lock, with the slices now
+    stored, so a test can check an invariant at the very moment a slice changes. `fail_next(n, code)`
+    answers the next n writes with that status."""
+
+    def __init__(self, node: str = NODE) -> None:
+        self.node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "uid": "node-uid-1"}}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []  # (verb, slice name), in order
+        self.on_write: Any = None
+        self.lock = threading.Lock()
+        self._version = 1000
+        self._failures: list[int] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="fake-slices-api")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def fail_next(self, count: int, code: int = 500) -> None:
+        with self.lock:
+            self._failures += [code] * count
+
+    def current(self) -> list[dict[str, Any]]:
+        """The slices of the highest pool generation: what a scheduler uses."""
+        with self.lock:
+            return _current(self.slices)
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """Device name -> device, over the current slices."""
+        return {d["name"]: d for s in self.current() for d in s["spec"].get("devices") or []}
+
+    def _write(self, verb: str, name: str) -> None:
+        self.writes.append((verb, name))
+        if self.on_write is not None:
+            self.on_write(_current(self.slices))
+
+    def _next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        with self.lock:
+            if method != "GET" and self._failures:
+                code = self._failures.pop(0)
+                return code, {"kind": "Status", "code": code, "message": "injected failure"}
+            if method == "GET" and path == f"/api/v1/nodes/{self.node['metadata']['name']}":
+                return 200, self.node
+            if path == SLICES_PATH and method == "GET":
+                return 200, self._list(query)
+            if path == SLICES_PATH and method == "POST":
+                return self._create(body)
+            name = path.removeprefix(SLICES_PATH + "/")
+            if path.startswith(SLICES_PATH + "/") and method == "PUT":
+                return self._update(name, body)
+            if path.startswith(SLICES_PATH + "/") and method == "DELETE":
+                return self._delete(name, body)
+        return 404, {"kind": "Status", "code": 404, "message": f"unexpected {method} {path}"}
+
+    def _list(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        wanted = dict(part.split("=", 1) for part in query.get("fieldSelector", [""])[0].split(",") if part)
+        items = [
+            copy.deepcopy(s)
+            for s in self.slices.values()
+            if all(_field(s, key) == value for key, value in wanted.items())
+        ]
+        return {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "items": items}
+
+    def _create(self, body: dict[str, Any]) -> tuple[int, Any]:
+        obj = copy.deepcopy(body)
+        meta = obj["metadata"]
+        name = meta.get("name") or f"{meta['generateName']}{len(self.writes):05d}"
+        if name in self.slices:
+            return 409, {"kind": "Status", "code": 409, "message": f"{name} exists"}
+        meta.update(name=name, uid=f"uid-{name}", resourceVersion=self._next_version())
+        self.slices[name] = obj
+        self._write("create", name)
+        return 201, copy.deepcopy(obj)
+
+    def _update(self, name: str, body: dict[str, Any]) -> tuple[int, Any]:
+        stored = self.slices.get(name)
+        if stored is None:
+            return 404, {"kind": "Status", "code": 404, "message": f"{name} not found"}
+        if body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+            return 409, {"kind": "Status", "code": 409, "message": "the object has been modified"}
+        obj = copy.deepcopy(body)
+        obj["metadata"]["resourceVersion"] = self._next_version()
+        self.slices[name] = obj
+        self._write("update", name)
+        return 200, copy.deepcopy(obj)
+
+    def _delete(self, name: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        stored = self.slices.get(name)
+        if stored is None:
+            return 404, {"kind": "Status", "code": 404, "message": f"{name} not found"}
+        pre = (body or {}).get("preconditions") or {}
+        meta = stored["metadata"]
+        if pre.get("uid") not in (None, meta["uid"]) or pre.get("resourceVersion") not in (
+            None,
+            meta["resourceVersion"],
+        ):
+            return 409, {"kind": "Status", "code": 409, "message": "precondition failed"}
+        del self.slices[name]
+        self._write("delete", name)
+        return 200, {"kind": "Status", "status": "Success"}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _answer(self, method: str) -> None:
+                url = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                code, answer = fake.handle(method, url.path, parse_qs(url.query), body)
+                data = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._answer("GET")
+
+            def do_POST(self) -> None:
+                self._answer("POST")
+
+            def do_PUT(self) -> None:
+                self._answer("PUT")
+
+            def do_DELETE(self) -> None:
+                self._answer("DELETE")
+
+        return Handler
+
+    def __enter__(self) -> FakeResourceSliceApi:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def _field(obj: dict[str, Any], dotted: str) -> object:
+    value: Any = obj
+    for key in dotted.split("."):
+        value = (value or {}).get(key)
+    return value
+
+
+def _current(slices: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    generation = max((s["spec"]["pool"]["generation"] for s in slices.values()), default=0)
+    return [copy.deepcopy(s) for s in slices.values() if s["spec"]["pool"]["generation"] == generation]

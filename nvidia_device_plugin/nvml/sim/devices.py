@@ -10,6 +10,7 @@ import pynvml
 
 from nvidia_device_plugin.nvml.api import DeviceHandle, FieldValue, MemoryInfo, PciInfo
 from nvidia_device_plugin.nvml.sim.host import gpu_minor
+from nvidia_device_plugin.nvml.sim.product import product_architecture, product_brand
 from nvidia_device_plugin.nvml.sim.state import (
     _GPU_STRIDE,
     _MIG_STRIDE,
@@ -118,6 +119,16 @@ class DeviceQueries(SimulatorState):
         info.cliqueId = gpu.fabric.clique_id
         info.state = gpu.fabric.state
         return int(pynvml.NVML_SUCCESS)
+
+    @pynvml_function
+    def nvmlDeviceGetBrand(self, handle: DeviceHandle) -> int:
+        gpu, _ = self._device(handle)
+        return product_brand(gpu.name)
+
+    @pynvml_function
+    def nvmlDeviceGetArchitecture(self, device: DeviceHandle) -> int:
+        gpu, _ = self._device(device)
+        return product_architecture(gpu.compute_capability)
 
     # ---- health beyond events ---------------------------------------------------------------------
 

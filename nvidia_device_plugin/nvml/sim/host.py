@@ -70,15 +70,13 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
     (dev / "dri/card0").touch()  # the board's VGA (BMC): no NVIDIA GPU's
     minors = ["config 1", "monitor 2"]
     for gpu in node.gpus:
-        domain, rest = gpu.pci_bus_id.lower().split(":", 1)
-        pci = host.sysfs_root / "bus" / "pci" / "devices" / f"{domain[-4:]}:{rest}"
-        pci.mkdir(parents=True)
+        pci = _pci_device_dir(host.sysfs_root, gpu.pci_bus_id)
         (pci / "numa_node").write_text(f"{gpu.numa_node}\n")
         (pci / "class").write_text(f"{gpu.pci_class}\n")  # GFD's gpu.mode label reads it
         (pci / "config").write_bytes(pci_config(gpu, node.unprivileged_container))  # and vgpu.* this
         minor = gpu_minor(gpu)
         (dev / f"nvidia{minor}").touch()
-        _drm_nodes(pci, dev, f"{domain[-4:]}:{rest}", minor)
+        _drm_nodes(pci, dev, pci.name, minor)
         for gi in range(_GPU_INSTANCES):
             minors.append(f"gpu{minor}/gi{gi}/access {gi_cap_minor(minor, gi)}")
             minors += [
@@ -95,6 +93,21 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
     caps.mkdir(parents=True)
     (caps / "mig-minors").write_text("".join(f"{line}\n" for line in minors))
     return host
+
+
+def _pci_device_dir(sysfs_root: Path, pci_bus_id: str) -> Path:
+    """A GPU's sysfs directory, under its root complex as the kernel lays it out, with the
+    bus/pci/devices link to it. The simulated root complex is the bus rounded down to 0x20 (several
+    root complexes per socket, as on EPYC and Xeon servers), so GPUs on one PCIe switch share one."""
+    domain, rest = pci_bus_id.lower().split(":", 1)
+    name = f"{domain[-4:]}:{rest}"
+    root = f"pci{domain[-4:]}:{int(rest.split(':')[0], 16) & 0xE0:02x}"
+    device = sysfs_root / "devices" / root / name
+    device.mkdir(parents=True)
+    link = sysfs_root / "bus" / "pci" / "devices" / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(device)
+    return device
 
 
 def _capability(access: Path, cap_minor: int, dev: Path) -> None:

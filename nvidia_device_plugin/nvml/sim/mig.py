@@ -17,6 +17,7 @@ from nvidia_device_plugin.nvml.api import (
 from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
 from nvidia_device_plugin.nvml.sim.host import mig_instance_ids
 from nvidia_device_plugin.nvml.sim.node import GpuSpec, MigSpec
+from nvidia_device_plugin.nvml.sim.placement import fit_placements, gpu_slices, memory_slices
 from nvidia_device_plugin.nvml.sim.state import (
     _GPU_INSTANCE_BASE,
     _GPU_STRIDE,
@@ -88,6 +89,7 @@ class MigQueries(SimulatorState):
         info: Any = pynvml.c_nvmlGpuInstanceInfo_t()
         info.id = gi
         info.profileId = self._profile_info_id(mig)
+        info.placement.start, info.placement.size = instance_placement(gpu, mig)
         result: GpuInstanceInfo = info
         return result
 
@@ -169,3 +171,14 @@ def _mig_engines(mig: MigSpec) -> tuple[int, int, int, int, int]:
     if mig.suffix == "-me":
         return copy, 0, 0, 0, 0
     return copy, decoders, encoders, jpeg, ofa
+
+
+def instance_placement(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int]:
+    """(start, size) of `mig`'s GPU instance, in its layout (node.py refused layouts no placement fits)."""
+    memory_total, compute_total = gpu_slices(gpu.name)
+    total_gb = -(-gpu.memory_mib // 1024)
+    instances = [(m.gpu_slices, memory_slices(m.memory_gb, total_gb, memory_total)) for m in gpu.mig]
+    placements = fit_placements(instances, memory_total, compute_total)
+    if placements is None:  # a NodeSpec built by hand, past the node file's check
+        raise _nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+    return placements[gpu.mig.index(mig)]

@@ -13,6 +13,7 @@ import yaml
 
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
+from nvidia_device_plugin.nvml.sim.placement import check_layout
 
 _PRESET_PACKAGE = "nvidia_device_plugin.nvml.sim.presets"
 _UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
@@ -211,6 +212,12 @@ def _parse_gpu(node: str, index: int, doc: Any, source: str, node_fabric: Fabric
         _parse_mig(gpu_uuid, j, p, total_gb, source, f"{where}.mig[{j}]")
         for j, p in enumerate(profiles)
         if p is not None  # a gap in the MIG index space
+    )
+    check_layout(
+        str(doc["name"]),
+        total_gb,
+        [(m.profile, m.gpu_slices, m.memory_gb) for m in migs],
+        f"{source}: {where}.mig",
     )
     return GpuSpec(
         index=index,

@@ -1,0 +1,214 @@
+"""The DRA side of the `run` daemon: one owner per GPU, the ResourceSlices, the kubelet DRA plugin.
+
+The daemon makes a `DraMode` when a config first turns `dra.enabled` on, and keeps it while the process
+runs (turning it off hands every GPU back to the device plugin through the same handover). Fed by the
+same path as the device plugin: each served snapshot (`serve`) and each health change
+(`on_health_change`). It owns three workers: "dra-slices" (dra/publisher.py), "dra-handover" (reads
+kubelet's pod-resources API while a GPU moves, dra/ownership.py) and the kubelet plugin (dra/kubelet_site.py).
+
+The device plugin serves `plugin_plans(plans)`: the plans without the GPUs it does not own now; when a
+GPU changes sides, `on_owners_changed` asks the daemon to serve again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
+from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
+from nvidia_device_plugin.dra.podresources import list_pod_devices
+from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
+from nvidia_device_plugin.dra.slices import node_devices
+from nvidia_device_plugin.dra.taints import TaintBook
+from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.nvml.host import HostPaths
+from nvidia_device_plugin.resources import ResourcePlan, physical_uuid_of
+from nvidia_device_plugin.snapshot import Snapshot
+from nvidia_device_plugin.workers import Worker
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 1.0  # pod-resources readings while a GPU moves
+
+
+@dataclass(frozen=True)
+class DraOptions:
+    """Where the DRA mode finds things on the node (cli/dra.py's flags); the config turns it on."""
+
+    node_name: str
+    pod_resources_socket: Path
+    kubelet_plugins_dir: Path
+    kubelet_registry_dir: Path
+    api_client: Callable[[], Any]  # a `kubernetes` ApiClient (in-cluster, or $KUBECONFIG)
+    slice_api: Callable[[Any], SliceApi] | None = None  # None: dra.apiserver.KubeSliceApi
+    poll_interval_s: float = POLL_INTERVAL_S
+
+
+class DraMode:
+    def __init__(
+        self,
+        options: DraOptions,
+        unhealthy: dict[str, str],
+        on_owners_changed: Callable[[], None],
+        host: HostPaths | None = None,
+        cdi_spec_dir: Path = Path("/var/run/cdi"),
+    ) -> None:
+        self.options = options
+        self._on_owners_changed = on_owners_changed
+        self._host = host
+        self._lock = threading.Lock()
+        self._owners = Owners()
+        self._snapshot: Snapshot | None = None
+        self.taints = TaintBook(unhealthy)
+        self._failures = FailureLog(log)
+        self._wake = threading.Event()
+        client = options.api_client()
+        api = options.slice_api(client) if options.slice_api is not None else _kube_slice_api(client)
+        self.publisher = SlicePublisher(api, options.node_name, on_published=self._on_published)
+        self.handover = Worker("dra-handover", target=self._handover, interrupt=self._wake.set)
+        from nvidia_device_plugin.dra.kubelet_site import build_kubelet_plugin
+
+        self.kubelet = build_kubelet_plugin(
+            options.kubelet_plugins_dir, options.kubelet_registry_dir, cdi_spec_dir, client, self._current
+        )
+
+    def workers(self) -> list[Worker]:
+        extra = [self.kubelet.worker] if self.kubelet is not None else []
+        return [self.publisher, self.handover, *extra]
+
+    # ---- fed by the daemon ---------------------------------------------------------------------------
+
+    def serve(self, snapshot: Snapshot) -> None:
+        """Take `snapshot`'s owners (checked by `check` before) and publish what DRA owns of it."""
+        wanted = wanted_owners(snapshot.inventory, snapshot.config.dra)
+        with self._lock:
+            self._snapshot = snapshot
+            self._owners.want(wanted)
+            moving = bool(self._owners.moving())
+        self._publish()
+        if moving:
+            self._wake.set()
+
+    def on_health_change(self, change: HealthChange) -> None:
+        if self.taints.apply(change):
+            self._publish()
+
+    def plugin_plans(self, plans: Sequence[ResourcePlan]) -> tuple[ResourcePlan, ...]:
+        """`plans` with only the devices of GPUs the device plugin owns now (empty plans stay: their
+        resource is then advertised with no device, so the node's allocatable for it is 0)."""
+        with self._lock:
+            mine = self._owners.served_by(DEVICE_PLUGIN)
+        return tuple(replace(p, devices=tuple(d for d in p.devices if d.gpu_uuid in mine)) for p in plans)
+
+    def devices(self) -> dict[str, DraDevice]:
+        """The DRA devices this node serves now, by name (what a claim's results may name)."""
+        with self._lock:
+            snapshot, owned = self._snapshot, self._owners.served_by(DRA)
+        if snapshot is None:
+            return {}
+        return {n: d for n, d in published_devices(snapshot.inventory).items() if d.gpu.uuid in owned}
+
+    def owners(self) -> dict[str, str]:
+        """GPU UUID -> its side now, or "moving to <side>"."""
+        with self._lock:
+            moving = {uuid: f"moving to {side}" for uuid, side in self._owners.moving().items()}
+            return {**moving, **self._owners.effective}
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _current(self) -> tuple[dict[str, DraDevice], Snapshot, HostPaths] | None:
+        with self._lock:
+            snapshot = self._snapshot
+        if snapshot is None or self._host is None:
+            return None
+        return self.devices(), snapshot, self._host
+
+    def _publish(self) -> None:
+        with self._lock:
+            snapshot, owned = self._snapshot, self._owners.served_by(DRA)
+        if snapshot is None:
+            return
+        devices = node_devices(snapshot.inventory, snapshot.plans, owned, self.taints)
+        self.publisher.publish(devices, owned)
+
+    def _on_published(self, gpus: frozenset[str]) -> None:
+        with self._lock:
+            moving_to_plugin = any(side == DEVICE_PLUGIN for side in self._owners.moving().values())
+        if moving_to_plugin:
+            self._wake.set()  # a GPU waiting to leave the slices may go now
+
+    def _handover(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            with self._lock:
+                moving = bool(self._owners.moving())
+            if not moving:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            reading = self._read()
+            if reading is not None:
+                with self._lock:
+                    moved = self._owners.step(reading)
+                if moved:
+                    self._moved(moved)
+            stop.wait(self.options.poll_interval_s)
+
+    def _moved(self, moved: list[str]) -> None:
+        owners = self.owners()
+        for uuid in moved:
+            log.info(
+                "GPU %s is now served by %s (it was free)",
+                uuid,
+                "DRA" if owners[uuid] == DRA else "the device plugin",
+            )
+        self._on_owners_changed()
+        self._publish()
+
+    def _read(self) -> Reading | None:
+        """One look at what the node's pods hold; None (logged once per reason) when kubelet cannot say."""
+        with self._lock:
+            snapshot = self._snapshot
+        if snapshot is None:
+            return None
+        try:
+            pods = list_pod_devices(self.options.pod_resources_socket)
+        except Exception as exc:  # the socket's problem, or a bug: the GPU waits, the thread goes on
+            self._failures.report("pod-resources", f"DRA handover waits: {exc}")
+            return None
+        if self._failures.clear("pod-resources"):
+            log.info("DRA handover: kubelet's pod-resources API answers again")
+        inventory = snapshot.inventory
+        ours = {p.name for p in snapshot.plans}
+        held_plugin = {
+            gpu.uuid
+            for name, ids in pods.plugin_ids.items()
+            if name in ours
+            for device_id in ids
+            if (gpu := inventory.gpu_of(physical_uuid_of(device_id))) is not None
+        }
+        names = published_devices(inventory)
+        claimed = {
+            d
+            for driver, pool, d in pods.dra_devices
+            if driver == DRIVER_NAME and pool == self.options.node_name
+        }
+        if self.kubelet is not None:
+            claimed |= self.kubelet.prepared()
+        held_dra = {names[d].gpu.uuid for d in claimed if d in names}
+        published = self.publisher.published
+        all_gpus = frozenset(g.uuid for g in inventory.gpus)
+        return Reading(
+            frozenset(held_plugin), frozenset(held_dra), all_gpus if published is None else published
+        )
+
+
+def _kube_slice_api(client: Any) -> SliceApi:
+    from nvidia_device_plugin.dra.apiserver import KubeSliceApi
+
+    return KubeSliceApi(client)

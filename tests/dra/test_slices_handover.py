@@ -1,0 +1,314 @@
+"""The whole daemon in the DRA mode on a simulated node, with kubelet's device-plugin side, its
+pod-resources API and an API server recording ResourceSlices, all over real sockets: one owner per GPU,
+a GPU that changes sides only once it is free, ownership flipped under load without a GPU ever being
+served by both sides, and XID taints that come and go with health."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nvidia_device_plugin.config.dra import Dra
+from nvidia_device_plugin.config.v1 import Config, Recovery
+from nvidia_device_plugin.config.v1 import Health as HealthConfig
+from nvidia_device_plugin.configmanager.nodewatch import api_client_for
+from nvidia_device_plugin.daemon import Daemon
+from nvidia_device_plugin.dra.mode import DraOptions
+from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health.policy import REASON_LOST
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.resources import physical_uuid_of
+
+from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
+from support.dra_rules import validate_objects
+from support.fake_apiserver import NODE, FakeResourceSliceApi
+from support.podresources_standin import PodResourcesStandIn
+from support.waiting import wait_for
+
+
+@dataclass
+class Node:
+    daemon: Daemon
+    kubelet: KubeletStandIn
+    api: FakeResourceSliceApi
+    pods: PodResourcesStandIn
+    config: list[Config]  # [the config the daemon loads next]
+    uuids: list[str]
+
+    def reconfigure(self, config: Config) -> None:
+        self.config[0] = config
+        assert self.daemon.reload("test")
+
+    def plugin_gpus(self) -> set[str]:
+        return (
+            {physical_uuid_of(i) for i in self.kubelet.devices(GPU)}
+            if GPU in self.kubelet.resources()
+            else set()
+        )
+
+    def sliced(self) -> set[str]:
+        return {_parent(d) for d in self.api.devices().values()}
+
+    def settled(self) -> bool:
+        dra = self.daemon.dra
+        return dra is not None and not any(str(v).startswith("moving") for v in dra.owners().values())
+
+    def readings(self, count: int) -> None:
+        """Wait until the handover has read pod-resources `count` more times."""
+        target = self.pods.calls + count
+        wait_for(lambda: self.pods.calls >= target, f"{count} pod-resources readings")
+
+
+def _parent(device: dict[str, Any]) -> str:
+    attributes = device["attributes"]
+    return str((attributes.get("parentUUID") or attributes["uuid"])["string"])
+
+
+def dra(gpus: str | tuple[str, ...], **more: Any) -> Config:
+    return Config(dra=Dra(enabled=True, gpus=gpus), **more)
+
+
+@contextmanager
+def dra_node(
+    plugin_dir: Path, kubelet: KubeletStandIn, config: Config, preset: str = "dgx-a100"
+) -> Iterator[Node]:
+    with FakeResourceSliceApi() as api, PodResourcesStandIn(plugin_dir / "pod-resources.sock") as pods:
+        options = DraOptions(
+            node_name=NODE,
+            pod_resources_socket=plugin_dir / "pod-resources.sock",
+            kubelet_plugins_dir=plugin_dir / "plugins",
+            kubelet_registry_dir=plugin_dir / "plugins_registry",
+            api_client=lambda: api_client_for(api.url),
+            poll_interval_s=0.01,
+        )
+        holder = [config]
+        daemon = start_daemon(plugin_dir, preset, lambda: holder[0], dra=options)
+        try:
+            node = Node(daemon, kubelet, api, pods, holder, gpu_uuids(daemon))
+            wait_for(node.settled, "the first handover")
+            yield node
+        finally:
+            daemon.stop()
+
+
+def test_with_all_gpus_the_device_plugin_advertises_none_and_the_slices_all(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    with dra_node(plugin_dir, kubelet, dra("all")) as node:
+        wait_for(lambda: len(node.sliced()) == 8, "8 GPUs in the slices")
+        assert kubelet.wait_for_resources([GPU])
+        assert node.plugin_gpus() == set()  # nvidia.com/gpu allocatable 0: KEP-5004 takes that name to DRA
+        assert node.sliced() == set(node.uuids)
+        validate_objects(node.api.current())
+
+
+def test_a_gpu_moves_to_dra_only_once_no_pod_holds_it(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    with dra_node(plugin_dir, kubelet, dra(())) as node:
+        wait_for(lambda: len(node.plugin_gpus()) == 8, "8 GPUs with the device plugin")
+        gpu0 = node.uuids[0]
+        with node.pods.lock:
+            node.pods.plugin["training"] = (GPU, [gpu0])
+        node.reconfigure(dra(("0",)))
+        wait_for(lambda: gpu0 not in node.plugin_gpus(), "GPU 0 to leave the device plugin")
+        node.readings(5)
+        assert gpu0 not in node.sliced() and not node.settled()  # still held: served by neither
+        with node.pods.lock:
+            del node.pods.plugin["training"]
+        wait_for(lambda: node.sliced() == {gpu0}, "GPU 0 in the slices")
+        assert gpu0 not in node.plugin_gpus()
+
+
+def test_a_gpu_goes_back_to_the_device_plugin_only_once_its_claims_are_gone(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    with dra_node(plugin_dir, kubelet, dra(("0", "1"))) as node:
+        gpu1 = node.uuids[1]
+        wait_for(lambda: node.sliced() == set(node.uuids[:2]), "GPUs 0 and 1 in the slices")
+        with node.pods.lock:
+            node.pods.claims["inference"] = [("gpu.nvidia.com", NODE, "gpu-1")]
+        node.reconfigure(dra(("0",)))
+        wait_for(lambda: node.sliced() == {node.uuids[0]}, "GPU 1 to leave the slices")
+        node.readings(5)
+        assert gpu1 not in node.plugin_gpus()
+        with node.pods.lock:
+            del node.pods.claims["inference"]
+        wait_for(lambda: gpu1 in node.plugin_gpus(), "GPU 1 back with the device plugin")
+        node.reconfigure(Config())  # DRA off: every GPU back, the slices empty
+        wait_for(lambda: len(node.plugin_gpus()) == 8 and node.sliced() == set(), "everything back")
+
+
+def test_without_pod_resources_no_gpu_moves(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    with dra_node(plugin_dir, kubelet, dra(())) as node:
+        node.pods.failing = True
+        node.reconfigure(dra(("2",)))
+        node.readings(5)
+        assert node.uuids[2] not in node.plugin_gpus() | node.sliced()
+        node.pods.failing = False
+        wait_for(lambda: node.sliced() == {node.uuids[2]}, "GPU 2 in the slices once kubelet answers")
+
+
+class Load:
+    """Pods on both sides while ownership flips: device-plugin pods take GPUs kubelet lists, DRA claims
+    take devices the slices publish; each hold is checked against the other side's holds."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.stop = threading.Event()
+        self.violations: list[str] = []
+        self.holds = 0
+        self._random = random.Random(24)
+
+    def _held(self) -> tuple[set[str], set[str]]:
+        pods = self.node.pods
+        plugin = {ids[0] for _, ids in pods.plugin.values()}
+        names = {f"gpu-{i}": uuid for i, uuid in enumerate(self.node.uuids)}
+        claimed = {names[n] for claims in pods.claims.values() for _, _, n in claims}
+        return plugin, claimed
+
+    def _plugin_pod(self, n: int) -> None:
+        free = sorted(self.node.plugin_gpus())
+        if not free:
+            return
+        uuid = self._random.choice(free)
+        try:
+            self.node.kubelet.allocate(GPU, [[uuid]])  # refused once the GPU has left the device plugin
+        except Exception:
+            return
+        with self.node.pods.lock:
+            plugin, claimed = self._held()
+            if uuid in plugin:
+                return
+            if uuid in claimed:
+                self.violations.append(f"{uuid} allocated by the device plugin while a DRA claim holds it")
+            self.node.pods.plugin[f"dp-{n}"] = (GPU, [uuid])
+            self.holds += 1
+
+    def _dra_claim(self, n: int) -> None:
+        devices = sorted(self.node.api.devices())
+        if not devices:
+            return
+        name = self._random.choice(devices)
+        uuid = self.node.uuids[int(name.removeprefix("gpu-"))]
+        with self.node.pods.lock:
+            plugin, claimed = self._held()
+            if uuid in claimed:
+                return
+            if uuid in plugin:
+                self.violations.append(f"{uuid} claimed through DRA while a device-plugin pod holds it")
+            self.node.pods.claims[f"dra-{n}"] = [("gpu.nvidia.com", NODE, name)]
+            self.holds += 1
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.wait(0.002):
+            n += 1
+            (self._plugin_pod if n % 2 else self._dra_claim)(n)
+            with self.node.pods.lock:  # pods end: a few run at a time, the oldest ends now and then
+                for pods in (self.node.pods.plugin, self.node.pods.claims):
+                    ending = max(0, len(pods) - 3) + (1 if n % 10 == 0 else 0)
+                    for key in sorted(pods, key=lambda k: int(k.split("-")[1]))[:ending]:
+                        del pods[key]
+
+    def sample(self) -> None:
+        """Both sides at (nearly) one moment: before, during and after reading the slices."""
+        while not self.stop.wait(0.001):
+            before = self.node.plugin_gpus()
+            sliced = self.node.sliced()
+            after = self.node.plugin_gpus()
+            if both := before & sliced & after:
+                self.violations.append(f"served by both sides at once: {sorted(both)}")
+
+
+def test_ownership_flips_under_load_never_serve_a_gpu_on_both_sides(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    with dra_node(plugin_dir, kubelet, dra(("0", "1", "2", "3"))) as node:
+        load = Load(node)
+
+        def on_write(current: list[dict[str, Any]]) -> None:  # at the moment a slice changes
+            sliced = {_parent(d) for s in current for d in s["spec"].get("devices") or []}
+            with node.pods.lock:
+                plugin, _ = load._held()
+            if both := sliced & plugin:
+                load.violations.append(f"published while a device-plugin pod holds it: {sorted(both)}")
+
+        node.api.on_write = on_write
+        threads = [threading.Thread(target=f, daemon=True) for f in (load.run, load.sample)]
+        for thread in threads:
+            thread.start()
+        try:
+            for gpus in (("4", "5", "6", "7"), "all", (), ("0", "2", "4", "6"), ("1", "3"), "all", ()):
+                node.reconfigure(dra(gpus))
+                wait_for(node.settled, f"the handover to {gpus}")
+        finally:
+            load.stop.set()
+            for thread in threads:
+                thread.join(5)
+        assert load.violations == []
+        assert load.holds > 20, "the load never ran"
+        wait_for(lambda: len(node.plugin_gpus()) == 8 and node.sliced() == set(), "all GPUs back at the end")
+
+
+def test_an_xid_taints_the_dra_device_and_recovery_lifts_it(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    config = dra("all", health=HealthConfig(recovery=Recovery(enabled=True, grace_period_seconds=0.3)))
+    with dra_node(plugin_dir, kubelet, config, preset="mixed-a100-h100") as node:
+        wait_for(lambda: len(node.sliced()) == 4, "4 GPUs in the slices")
+        simulator(node.daemon).inject_xid(2, 79)
+
+        def taints() -> list[dict[str, str]]:
+            return list(node.api.devices().get("gpu-2", {}).get("taints") or [])
+
+        wait_for(lambda: bool(taints()), "the XID taint")
+        (taint,) = taints()
+        assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.nvidia.com/xid", "79", "NoSchedule")
+        assert "timeAdded" in taint
+        validate_objects(node.api.current())
+        assert not node.api.devices()["gpu-1"].get("taints")
+        wait_for(lambda: not taints(), "the taint to go once the GPU recovered")
+
+
+def test_a_lost_gpu_gets_its_own_taint(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    with dra_node(plugin_dir, kubelet, dra("all"), preset="mixed-a100-h100") as node:
+        wait_for(lambda: len(node.sliced()) == 4, "4 GPUs in the slices")
+        # The monitor's verdict on a GPU that fell off (its liveness poll takes 5 s to say so; the verdict
+        # is what the DRA side reads, through the registry, as from the monitor)
+        node.daemon.registry.mark(HealthChange(uuid=node.uuids[1], healthy=False, reason=REASON_LOST))
+        wait_for(
+            lambda: (
+                [t["key"] for t in node.api.devices()["gpu-1"].get("taints") or []]
+                == ["gpu.nvidia.com/gpu-lost"]
+            ),
+            "the lost-GPU taint",
+        )
+
+
+def test_a_config_whose_dra_gpu_is_not_here_is_refused_and_the_last_good_one_kept(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    with dra_node(plugin_dir, kubelet, dra(("0",))) as node:
+        node.config[0] = dra(("12",))
+        assert node.daemon.reload("test") is False
+        wait_for(lambda: node.sliced() == {node.uuids[0]}, "GPU 0 still in the slices")
+        assert len(node.plugin_gpus()) == 7
+
+
+def test_verdicts_read_as_taints() -> None:
+    from nvidia_device_plugin.dra.taints import taint_for
+    from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC
+    from nvidia_device_plugin.health.registry import REASON_LOST_AT_START_UP
+
+    assert taint_for("XID 79 (GPU has fallen off the bus)", 79) == ("gpu.nvidia.com/xid", "79")
+    assert taint_for("XID 48 (double-bit ECC error)", None) == ("gpu.nvidia.com/xid", "48")  # seeded
+    assert (
+        taint_for(REASON_LOST, None)
+        == taint_for(REASON_LOST_AT_START_UP, None)
+        == ("gpu.nvidia.com/gpu-lost", None)
+    )
+    assert taint_for(REASON_DOUBLE_BIT_ECC, None) == ("gpu.nvidia.com/unhealthy", "double-bit-ecc")
