@@ -39,6 +39,14 @@ class Invalid(Exception):
         self.text = text
 
 
+class Problems(Exception):
+    """Every problem found in one document, in document order (at least one)."""
+
+    def __init__(self, problems: Sequence[Invalid]) -> None:
+        super().__init__("; ".join(p.text for p in problems))
+        self.problems = tuple(problems)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Reading and decoding
 
