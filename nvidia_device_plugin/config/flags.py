@@ -167,7 +167,8 @@ def config_source(args: argparse.Namespace, environ: Mapping[str, str]) -> Confi
             "--config-name and --config-default choose a file inside --config-dir; give --config-dir"
         )
     # NVDP_CONFIG_NAME/NVDP_CONFIG_DEFAULT alone mean nothing without a directory; ignore them.
-    return ConfigSource.from_file(Path(file)) if file else ConfigSource()
+    named_by = "--config-file" if cli["config_file"] else "CONFIG_FILE"
+    return ConfigSource.from_file(Path(file), named_by) if file else ConfigSource()
 
 
 def resolve_config(args: argparse.Namespace, environ: Mapping[str, str], *, strict: bool = False) -> Config:
