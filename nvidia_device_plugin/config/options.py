@@ -125,7 +125,7 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         ("--shared-devices-allocation-policy",),
         ("SHARED_DEVICES_ALLOCATION_POLICY",),
         "str",
-        "how replicas of shared GPUs are picked: distributed (spread, the default) or packed (fill GPUs)",
+        "how replicas of shared GPUs are picked: distributed (spread) or packed (fill GPUs)",
     ),
     ConfigOption(
         "flags.plugin.cdiAnnotationPrefix",
