@@ -10,7 +10,7 @@ import argparse
 import copy
 import textwrap
 from collections.abc import Callable, Mapping
-from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from nvidia_device_plugin.config.flags import (
@@ -37,9 +37,9 @@ __all__ = [
 ]
 
 Command = Callable[[argparse.Namespace, Mapping[str, str]], int]
-# The simulator's presets, read here without importing the simulator (--help stays light); the same list
-# as nvml.sim.node.preset_names (tests/cli/test_cli_help.py).
-_PRESETS_PACKAGE = "nvidia_device_plugin.nvml.sim.presets"
+# The simulator's presets, listed here without importing the simulator or importlib.resources (--help stays
+# light); the same list as nvml.sim.node.preset_names (tests/cli/test_cli_help.py).
+_PRESETS_DIR = Path(__file__).resolve().parent.parent / "nvml" / "sim" / "presets"
 
 
 class AddParser(Protocol):
@@ -85,8 +85,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 def preset_names() -> list[str]:
-    files = resources.files(_PRESETS_PACKAGE).iterdir()
-    return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
+    return sorted(path.stem for path in _PRESETS_DIR.glob("*.yaml"))
 
 
 def simulate_help() -> str:
