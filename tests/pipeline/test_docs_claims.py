@@ -127,7 +127,7 @@ def mps_daemon(tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn) -> Ite
         "resources: [{name: gpu, replicas: 4}]}}\n"
     )
     config = parse_config_text(text)
-    daemon = start_daemon(plugin_dir, load_config=lambda: config)
+    daemon = start_daemon(plugin_dir, load_config=lambda: config, mps_poll_interval_s=0.05)
     assert daemon.snapshot is not None
     for gpu in daemon.snapshot.inventory.gpus:  # what a running mps-control-daemon publishes
         path = status_path(str(mps_root), GPU, gpu.uuid)
@@ -239,3 +239,24 @@ def test_every_file_performance_md_names_exists() -> None:
     for name in names:
         assert "/" in name, f"{name}: name the file with its folder"
         assert (ROOT / name).exists() or (ROOT / "nvidia_device_plugin" / name).exists(), name
+
+
+def test_a_sharing_entry_matching_nothing_is_skipped_with_a_warning() -> None:
+    from nvidia_device_plugin.announce import notices
+    from nvidia_device_plugin.snapshot import build_snapshot
+
+    assert (
+        "An entry for a resource this node does not have is skipped, so one ConfigMap can serve different "
+        "nodes; the daemon (and `plan`) says so in a warning naming the resources the node has"
+    ) in page("configuration.md")
+    config = parse_config_text("sharing: {timeSlicing: {resources: [{name: a100, replicas: 2}]}}")
+    session = open_nvml("t4-single")
+    try:
+        snapshot = build_snapshot(session, config)
+    finally:
+        session.close()
+    assert [p.name for p in snapshot.plans] == [GPU]  # skipped: the T4 stays whole
+    assert [n.message for n in notices(snapshot)] == [
+        "config: sharing.timeSlicing.resources[0] shares nvidia.com/a100, which no device of this node is "
+        "advertised as (this node has nvidia.com/gpu); the entry is skipped"
+    ]
