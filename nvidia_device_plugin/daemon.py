@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.announce import config_line, decisions, notices, resources_line
 from nvidia_device_plugin.cdi.model import CdiError
 from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
 from nvidia_device_plugin.cdi.writer import CdiPublisher
@@ -90,7 +91,8 @@ class Daemon(DraWiring):
         # checkpoint still holds; `_cdi_retrying`: why a reload is being retried for CDI, while it is.
         self.cdi = CdiPublisher(options.plugin_dir / CHECKPOINT_FILE)
         self._cdi_retrying: str | None = None
-        self._discovery = FailureLog(log)  # discovery problems and MIG violations, each logged once
+        self._discovery = FailureLog(log)  # the snapshot's warnings (announce.notices), each logged once
+        self._noticed: set[str] = set()  # their keys, as last logged
         self.reloads = SnapshotFollower(
             options.load_config,
             self._apply_reload,
@@ -143,6 +145,7 @@ class Daemon(DraWiring):
 
     def _start_serving(self) -> None:
         config = self.options.load_config()
+        log.info("%s", config_line(config))
         try:
             self.nvml = self.options.open_nvml()
         except NvmlError as exc:
@@ -166,10 +169,9 @@ class Daemon(DraWiring):
             ", ".join(sorted({g.name for g in inventory.gpus})) or "none",
             inventory.driver_version,
         )
-        _announce_config(snapshot, None)
+        self._announce(snapshot, None)
         self._unsubscribe = self.registry.subscribe(self._on_health_change)
         self.workers.start(self.manager)
-        self._report_discovery(snapshot)
         mark_lost_at_start_up(self.registry, snapshot.inventory)
         self._serve(snapshot)
         self._watch_health(snapshot)
@@ -233,22 +235,31 @@ class Daemon(DraWiring):
         if self._cdi_retrying is not None:
             log.info("CDI specs can be made again; serving resources")
         self._cdi_retrying = None
-        self._report_discovery(snapshot)
+        self._announce(snapshot, old)
         mark_lost_at_start_up(self.registry, snapshot.inventory)
-        _announce_config(snapshot, old)
         self._serve(snapshot)
         if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
             self._watch_health(snapshot)
 
-    def _report_discovery(self, snapshot: Snapshot) -> None:
-        """One line per discovery problem and MIG-strategy violation, when first seen."""
-        for problem in snapshot.inventory.problems:
-            self._discovery.report(
-                f"problem {problem.gpu_index} {problem.kind}", f"discovery: {problem.message}"
-            )
+    def _announce(self, snapshot: Snapshot, old: Snapshot | None) -> None:
+        """The lines of a start or reload (announce.py): the config and why (at start it was logged when
+        read), the resources and their counts, each warning once while it lasts, and the debug decisions."""
+        if old is not None:
+            log.info("%s", config_line(snapshot.config))
+        current = notices(snapshot)
+        for notice in current:
+            self._discovery.report(notice.key, notice.message, notice.level)
+        for gone in self._noticed - {n.key for n in current}:
+            self._discovery.clear(gone)  # logged again should it come back
+        self._noticed = {n.key for n in current}
+        log.info("%s", resources_line(snapshot))
         for violation in snapshot.mig_violations:
             self.metrics.mig_strategy_violation(violation.gpu_uuid, violation.strategy)
-            self._discovery.report(f"mig {violation.gpu_uuid} {violation.strategy}", violation.message)
+        if log.isEnabledFor(logging.DEBUG):
+            for line in decisions(snapshot):
+                log.debug("%s", line)
+        if old is None or old.allocation.imex_channel_ids != snapshot.allocation.imex_channel_ids:
+            log.info("%s", imex_summary(snapshot.allocation))
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -360,17 +371,3 @@ class Daemon(DraWiring):
             )
         for name in affected:
             self.manager.notify(name)
-
-
-def _announce_config(snapshot: Snapshot, old: Snapshot | None) -> None:
-    """One log line for each config fact an operator must know, when it is new (at start, or changed)."""
-    config = snapshot.config
-    seen = {w.message for w in old.config.warnings} if old is not None else set()
-    for warning in config.warnings:
-        if warning.message not in seen:
-            log.warning("config: %s", warning.message)
-    strategy = config.flags.device_discovery_strategy
-    if strategy == "tegra" and (old is None or old.config.flags.device_discovery_strategy != strategy):
-        log.warning("deviceDiscoveryStrategy tegra is not supported: devices are discovered through NVML")
-    if old is None or old.allocation.imex_channel_ids != snapshot.allocation.imex_channel_ids:
-        log.info("%s", imex_summary(snapshot.allocation))

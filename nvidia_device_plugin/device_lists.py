@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
-from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.config.v1 import RESOURCE_PREFIX, Config
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.resources import ResourcePlan
 
@@ -47,12 +47,15 @@ def check_config_device_lists(config: Config) -> None:
     """check-config's version of check_device_list_sizes, for a node it cannot see (the largest one likely).
 
     A shared resource advertises replicas x devices; the devices are assumed to be
-    CHECK_CONFIG_MAX_GPUS GPUs, or 7 MIG devices on each of them for a MIG resource.
+    CHECK_CONFIG_MAX_GPUS GPUs, or 7 MIG devices on each of them for a MIG resource (nvidia.com/gpu too
+    under migStrategy single, which advertises MIG devices under that name).
     """
     sharing = config.sharing
     entries = [*sharing.time_slicing.resources, *(sharing.mps.resources if sharing.mps else ())]
+    single = config.flags.mig_strategy == "single"
     for i, entry in enumerate(entries):
-        devices = CHECK_CONFIG_MAX_GPUS * (CHECK_CONFIG_MAX_MIG_PER_GPU if "/mig-" in entry.name else 1)
+        mig = "/mig-" in entry.name or (single and entry.name == f"{RESOURCE_PREFIX}/gpu")
+        devices = CHECK_CONFIG_MAX_GPUS * (CHECK_CONFIG_MAX_MIG_PER_GPU if mig else 1)
         if entry.devices.count is not None:
             devices = min(devices, entry.devices.count)
         elif entry.devices.refs:
@@ -63,8 +66,9 @@ def check_config_device_lists(config: Config) -> None:
             raise ConfigError(
                 f"sharing.{section} resource {entry.name} with replicas: {entry.replicas} would advertise "
                 f"up to {devices * entry.replicas:,} devices ({size:,} bytes in one ListAndWatch message) on "
-                f"a node with {CHECK_CONFIG_MAX_GPUS} GPUs, over kubelet's {KUBELET_RECEIVE_LIMIT:,}-byte "
-                "gRPC receive limit; lower the replicas"
+                f"a node with {CHECK_CONFIG_MAX_GPUS} GPUs{' of 7 MIG devices each' if mig else ''}, over "
+                f"kubelet's {KUBELET_RECEIVE_LIMIT:,}-byte gRPC receive limit; lower the replicas "
+                "(check-config --simulate NODE checks one node)"
             )
 
 

@@ -247,6 +247,7 @@ class _StateCollector(Collector):
         yield from _device_gauges(snapshot.plans if snapshot is not None else (), daemon.registry)
         yield from _inventory_gauges(snapshot.inventory if snapshot is not None else None)
         yield _unknown_keys_gauge(snapshot.config if snapshot is not None else None)
+        yield _active_config_gauge(snapshot.config if snapshot is not None else None)
         yield _unhealthy_gauge(daemon.registry, snapshot.inventory if snapshot is not None else None)
         yield _registered_gauge(daemon.manager)
 
@@ -304,6 +305,20 @@ def _unknown_keys_gauge(config: Config | None) -> Metric:
     for key in sorted(set(config.unknown_keys) if config is not None else ()):
         unknown_keys.add_metric([key], 1)
     return unknown_keys
+
+
+def _active_config_gauge(config: Config | None) -> Metric:
+    active = GaugeMetricFamily(
+        PREFIX + "active_config",
+        "1 for the config served: the file read (empty for the built-in defaults) and how it was chosen "
+        "(config-file, config-name, config-default, fallback-named, fallback-single, fallback-empty, "
+        "node-label, defaults).",
+        labels=["file", "source"],
+    )
+    origin = config.origin if config is not None else None
+    if origin is not None:
+        active.add_metric([origin.file, origin.choice], 1)
+    return active
 
 
 def _unhealthy_gauge(health: HealthRegistry, inventory: Inventory | None) -> Metric:

@@ -12,8 +12,9 @@ served. It follows NVIDIA's k8s-device-plugin (internal/rm/device_map.go, rm.go;
   `<name>.shared` with renameByDefault, or else the same name. Devices the entries do not select stay
   advertised, unshared, under their resource's name (so one resource can hold both).
 
-Older NVIDIA releases dropped per-entry renames and device lists at start-up; here they take effect, as
-its resource manager would apply them.
+NVIDIA's plugin (v0.20 too) drops `resources` renames and per-entry renames and device lists at start-up;
+so does the config loader here unless `flags.resourceNaming` is true (config/naming.py). What reaches this
+module takes effect, as NVIDIA's resource manager would apply it.
 
 Choices where NVIDIA is silent, buggy or random, made to be predictable:
 

@@ -23,7 +23,7 @@ RANKS = {  # area (top-level module or package) -> rank; "" is the package itsel
     "cdi": 5,  # reads devnodes; never serving/
     "serving": 6,  # answers with the CDI names cdi/model.py owns
     "snapshot": 7,
-    **dict.fromkeys(("labels", "dra", "mps_control", "configmanager", "metrics", "probes"), 8),
+    **dict.fromkeys(("labels", "dra", "mps_control", "configmanager", "metrics", "probes", "announce"), 8),
     "daemon": 9,
     "cli": 10,
     "__main__": 11,

@@ -7,22 +7,89 @@ every command module to build the parser, and each command imports what it runs 
 from __future__ import annotations
 
 import argparse
+import copy
+import textwrap
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nvidia_device_plugin.config.flags import add_config_arguments, resolve_config
+from nvidia_device_plugin.config.flags import (
+    add_config_arguments,
+    add_config_option_arguments,
+    resolve_config,
+    states_default,
+)
 from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config
 
+__all__ = [
+    "AddParser",
+    "Command",
+    "DefaultsHelpFormatter",
+    "add_common_arguments",
+    "add_config_option_arguments",
+    "config_loader",
+    "env_value",
+    "preset_names",
+    "simulate_help",
+]
+
 Command = Callable[[argparse.Namespace, Mapping[str, str]], int]
+# The simulator's presets, listed here without importing the simulator or importlib.resources (--help stays
+# light); the same list as nvml.sim.node.preset_names (tests/cli/test_cli_help.py).
+_PRESETS_DIR = Path(__file__).resolve().parent.parent / "nvml" / "sim" / "presets"
 
 
 class AddParser(Protocol):
     """The subparsers' `add_parser` (argparse's own type for it is private)."""
 
     def __call__(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default: "(default: X)" after the text, unless the text says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or states_default(text):
+            return text
+        if action.nargs == 0:  # a switch: off unless given
+            return f"{text} (default: {'on' if action.default else 'off'})".strip()
+        shown = (
+            "%(default)s"
+            if action.default not in (None, "")
+            else ("none" if action.default is None else "''")
+        )
+        return f"{text} (default: {shown})".strip()
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # Never break a preset or flag name at its hyphen ("a100-mig-\nmixed").
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        )
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.option_strings and not action.help and action.default is not argparse.SUPPRESS:
+            action = copy.copy(action)  # an option without help text still shows its default
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in _PRESETS_DIR.glob("*.yaml"))
+
+
+def simulate_help() -> str:
+    return f"a preset ({', '.join(preset_names())}) or a YAML node file"
 
 
 def env_value(environ: Mapping[str, str], name: str, default: str | None = None) -> str | None:
@@ -39,13 +106,13 @@ def add_common_arguments(
         "--simulate",
         metavar="NODE",
         default=env_value(environ, "NVDP_SIMULATE", simulate_default),
-        help="use a simulated node (preset name or YAML node file) instead of NVML [env NVDP_SIMULATE]",
+        help=f"use a simulated node instead of NVML: {simulate_help()} [env NVDP_SIMULATE]",
     )
     sub.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default=env_value(environ, "NVDP_LOG_LEVEL", "info"),
-        help="[env NVDP_LOG_LEVEL]",
+        help="debug adds discovery and selection decisions [env NVDP_LOG_LEVEL]",
     )
     sub.add_argument(
         "--log-format",

@@ -1,4 +1,16 @@
-"""`nvidia-device-plugin demo`: the daemon against an in-process kubelet stand-in on a simulated node."""
+"""`nvidia-device-plugin demo`: the daemon against an in-process kubelet stand-in on a simulated node.
+
+It starts the real daemon, as `run` would, with a kubelet stand-in on a temporary device-plugin directory,
+shows what kubelet received over ListAndWatch and admits one sample pod (GetPreferredAllocation, then
+Allocate). What the config needs runs too: with `sharing.mps`, `mps-control-daemon`'s supervisor in this
+process, with a stand-in control program (demo_mps.py), under a temporary MPS root (the config's `mpsRoot`
+is moved there, so the demo writes nothing outside its temporary tree).
+
+Every node and config ends with a clear result: the devices and the admitted pod; or, when the node
+advertises nothing, why; or, when the sample pod cannot be admitted (more devices than the node has, more
+than one replica under failRequestsGreaterThanOne), what kubelet or Allocate says. Exit status 0 when the
+demo ran and the sample pod (if any resource is advertised) was admitted, else 1.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +18,10 @@ import argparse
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -14,64 +29,149 @@ from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, con
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config
+    from nvidia_device_plugin.mps_control import MpsControlDaemon
     from nvidia_device_plugin.nvml.session import NvmlSession
     from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+    from nvidia_device_plugin.resources import ResourcePlan
     from nvidia_device_plugin.snapshot import Snapshot
 
 _SHOWN_PER_RESOURCE = 16
+_DEFAULT_POD_DEVICES = 2
+# The demo polls fast: MPS readiness shows within a fraction of a second, not the daemons' production pace.
+_MPS_INTERVAL_S = 0.05
+_WAIT_S = 15.0
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    """How the demo opens the simulated node: one session for the plugin, one for the MPS supervisor."""
+
+    name: str
+    open_nvml: Callable[[], NvmlSession]
+    open_mps_nvml: Callable[[], NvmlSession] | None = None
 
 
 def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
     demo = commands("demo", help="run the daemon on a simulated node against a kubelet stand-in")
     add_common_arguments(demo, environ, simulate_default="dgx-a100")
     demo.add_argument(
-        "--pod-devices", type=int, default=2, help="devices the sample pod asks for (default 2)"
+        "--pod-devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"devices the sample pod asks for (default: {_DEFAULT_POD_DEVICES}, or 1 where the resource "
+        "admits one per container)",
     )
     demo.set_defaults(handler=demo_command)
 
 
 def demo_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from nvidia_device_plugin.cli.session import nvml_opener
+    from nvidia_device_plugin.cli.session import nvml_opener, open_session
 
-    open_session, _simulator = nvml_opener(args.simulate)
-    load_config = config_loader(args, environ)
-    return run_demo(args.simulate, open_session, load_config, sys.stdout, pod_devices=args.pod_devices)
+    open_nvml, _simulator = nvml_opener(args.simulate)
+    node = DemoNode(args.simulate, open_nvml, lambda: open_session(args.simulate))
+    return run_demo(node, config_loader(args, environ), sys.stdout, pod_devices=args.pod_devices)
 
 
 def run_demo(
-    node: str,
-    open_nvml: Callable[[], NvmlSession],
-    load_config: Callable[[], Config],
-    out: TextIO,
-    pod_devices: int = 2,
+    node: DemoNode, load_config: Callable[[], Config], out: TextIO, pod_devices: int | None = None
 ) -> int:
+    """The demo on `node` under the config `load_config` reads; raises DevicePluginError when the daemon
+    refuses to start (the config, or NVML), as `run` would."""
+    from nvidia_device_plugin.cli.demo_mps import stop_servers
     from nvidia_device_plugin.daemon import Daemon, DaemonOptions
     from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 
     # /tmp, not a deep temp dir: unix socket paths must stay under ~108 bytes.
-    plugin_dir = Path(tempfile.mkdtemp(prefix="nvdp-demo-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="nvdp-demo-", dir="/tmp"))
+    plugin_dir, mps_root = root / "kubelet", root / "mps"
+    plugin_dir.mkdir()
+
+    def demo_config() -> Config:  # the config's MPS root moved into the demo's tree
+        config = load_config()
+        return replace(config, flags=replace(config.flags, mps_root=str(mps_root)))
+
     daemon: Daemon | None = None
+    mps: MpsControlDaemon | None = None
     try:
         with KubeletStandIn(plugin_dir) as kubelet:
-            daemon = Daemon(
-                DaemonOptions(plugin_dir=plugin_dir, load_config=load_config, open_nvml=open_nvml)
+            # As on a node, the MPS control daemons come first; the plugin then finds them ready.
+            if demo_config().sharing.strategy == "mps" and node.open_mps_nvml is not None:
+                mps = _start_mps(demo_config, node.open_mps_nvml, root)
+            options = DaemonOptions(
+                plugin_dir, demo_config, node.open_nvml, mps_poll_interval_s=_MPS_INTERVAL_S
             )
+            daemon = Daemon(options)
             daemon.start()
-            assert daemon.snapshot is not None
-            names = [p.name for p in daemon.snapshot.plans]
-            if not kubelet.wait_for_resources(names, timeout=10):
-                out.write(f"demo: resources not registered with the kubelet stand-in: {names}\n")
-                return 1
-            out.write(f"Simulated node '{node}': {len(daemon.snapshot.inventory.gpus)} GPUs\n")
-            out.write(f"Kubelet stand-in in {plugin_dir}\n\n")
-            labels = _device_labels(daemon.snapshot)
-            _write_advertised(daemon.snapshot, kubelet, labels, out)
-            _write_admission(names[0], pod_devices, kubelet, labels, out)
-            return 0
+            snapshot = daemon.snapshot
+            assert snapshot is not None  # start() raises when it cannot serve
+            return _show(node.name, snapshot, kubelet, plugin_dir, out, pod_devices)
     finally:
+        if mps is not None:
+            mps.stop()
         if daemon is not None:
             daemon.stop()
-        shutil.rmtree(plugin_dir, ignore_errors=True)
+        stop_servers(mps_root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _start_mps(
+    load_config: Callable[[], Config], open_nvml: Callable[[], NvmlSession], root: Path
+) -> MpsControlDaemon:
+    from nvidia_device_plugin.cli.demo_mps import stand_in_control
+    from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
+
+    control = stand_in_control(root)
+    mps = MpsControlDaemon(
+        ControlDaemonOptions(load_config, open_nvml, control_path=control, check_interval_s=_MPS_INTERVAL_S)
+    )
+    mps.start()
+    ready = threading.Event()  # never set: a bounded pause between looks
+    deadline = time.monotonic() + _WAIT_S
+    while not all(s is not None and s.ready for s in mps.supervisor.statuses().values()):
+        if time.monotonic() > deadline:
+            break  # the plugin then says which GPU is not ready, and why
+        ready.wait(_MPS_INTERVAL_S)
+    return mps
+
+
+def _show(
+    node: str,
+    snapshot: Snapshot,
+    kubelet: KubeletStandIn,
+    plugin_dir: Path,
+    out: TextIO,
+    pod_devices: int | None,
+) -> int:
+    from nvidia_device_plugin.announce import nothing_served_reason
+
+    names = [p.name for p in snapshot.plans]
+    if not kubelet.wait_for_resources(names, timeout=_WAIT_S):
+        out.write(f"demo: resources not registered with the kubelet stand-in: {names}\n")
+        return 1
+    out.write(f"Simulated node '{node}': {len(snapshot.inventory.gpus)} GPUs\n")
+    out.write(f"Kubelet stand-in in {plugin_dir}\n\n")
+    if not snapshot.plans:
+        out.write(f"No resources advertised: {nothing_served_reason(snapshot)}.\n")
+        return 0
+    if not _wait_until_healthy(snapshot.plans, kubelet):
+        out.write("demo: the devices did not all turn Healthy at the kubelet stand-in\n")
+    labels = _device_labels(snapshot)
+    _write_advertised(snapshot, kubelet, labels, out)
+    return _write_admission(snapshot.plans[0], pod_devices, kubelet, labels, out)
+
+
+def _wait_until_healthy(plans: tuple[ResourcePlan, ...], kubelet: KubeletStandIn) -> bool:
+    """MPS replicas are advertised Healthy once their control daemon is ready: wait for that."""
+    wanted = {p.name: len(p.devices) for p in plans}
+
+    def healthy() -> bool:
+        return all(
+            sum(1 for d in kubelet.devices(name).values() if d.health == "Healthy") == count
+            for name, count in wanted.items()
+        )
+
+    return kubelet.wait_for(healthy, timeout=_WAIT_S) if any(p.sharing == "mps" for p in plans) else True
 
 
 def _device_labels(snapshot: Snapshot) -> dict[str, str]:
@@ -100,12 +200,29 @@ def _write_advertised(
 
 
 def _write_admission(
-    resource: str, pod_devices: int, kubelet: KubeletStandIn, labels: Mapping[str, str], out: TextIO
-) -> None:
-    """Admit one pod the way kubelet does (GetPreferredAllocation, then Allocate) and show the answer."""
-    count = min(pod_devices, len(kubelet.devices(resource)))
-    chosen, response = kubelet.admit(resource, count)
-    out.write(f"\nAdmitted a pod asking for {resource}: {count}\n")
+    plan: ResourcePlan, asked: int | None, kubelet: KubeletStandIn, labels: Mapping[str, str], out: TextIO
+) -> int:
+    """Admit one pod the way kubelet does (GetPreferredAllocation, then Allocate) and show the answer, or
+    say why the pod is not admitted; 0 when it is."""
+    import grpc
+
+    healthy = sum(1 for d in kubelet.devices(plan.name).values() if d.health == "Healthy")
+    per_container = 1 if plan.fail_requests_greater_than_one else healthy
+    count = asked if asked is not None else min(_DEFAULT_POD_DEVICES, per_container, healthy)
+    asking = f"a pod asking for {plan.name}: {count}"
+    if count < 1 or count > healthy:
+        out.write(
+            f"\nNot admitted: {asking} stays Pending; the node has {healthy} healthy {plan.name} "
+            f"(kubelet: Insufficient {plan.name})\n"
+        )
+        return 1
+    try:
+        chosen, response = kubelet.admit(plan.name, count)
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details()  # the RpcError of a call is a grpc.Call too
+        out.write(f"\nNot admitted: Allocate refuses {asking} ({code.name}): {details}\n")
+        return 1
+    out.write(f"\nAdmitted {asking}\n")
     out.write(f"  preferred allocation: {', '.join(labels[c] for c in chosen)}\n")
     for key, value in sorted(response.envs.items()):
         out.write(f"  env {key}={value}\n")
@@ -117,3 +234,4 @@ def _write_admission(
         out.write(f"  annotation {key}={value}\n")
     for cdi in response.cdi_devices:
         out.write(f"  cdi device {cdi.name}\n")
+    return 0

@@ -4,19 +4,27 @@ Commands: run (the default), mps-control-daemon, demo, plan, check-config, label
 module with an `add_parser` that declares its flags and its handler. Precedence: flag > env > config file
 > default. `config-manager` and `gpu-feature-discovery` are programs of their own (config_manager.py,
 gfd.py), with the command lines NVIDIA's images have.
+
+Without a command, `run` is meant (NVIDIA's plugin has no commands): the command is the first word that is
+no option and no option's value, so `--config-name plan` is a config called plan, never the command.
+A word that is no command gets a "did you mean" (`plna`), and so does a command after options
+(`--simulate dgx-a100 plan`: options go after the command), and an option no command knows.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import functools
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from nvidia_device_plugin import __version__
-from nvidia_device_plugin.cli import demo, dra, labels, mps_control, plan, run
-from nvidia_device_plugin.cli.common import Command
+from nvidia_device_plugin.cli import check_config, demo, dra, labels, mps_control, plan, run
+from nvidia_device_plugin.cli.common import Command, DefaultsHelpFormatter, preset_names
 from nvidia_device_plugin.cli.run import DEFAULT_PLUGIN_DIR
 from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.logs import configure_logging
@@ -26,34 +34,108 @@ __all__ = ["COMMANDS", "DEFAULT_PLUGIN_DIR", "build_parser", "main"]
 log = logging.getLogger("nvidia_device_plugin")
 
 COMMANDS = ("run", "mps-control-daemon", "demo", "plan", "check-config", "labels", "dra")
+_TOP_LEVEL = ("-h", "--help", "--version")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a "did you mean" for a misspelt option (argparse 3.11 has none)."""
+
+    options: tuple[str, ...] = ()  # every option of every command, set by build_parser
+
+    def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            hints = []
+            for word in message.removeprefix(prefix).split():
+                close = difflib.get_close_matches(word.split("=")[0], self.options, n=1)
+                if word.startswith("--") and close:
+                    hints.append(f"{word}: did you mean {close[0]}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        super().error(message)
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nvidia-device-plugin",
+        formatter_class=DefaultsHelpFormatter,
         description="Kubernetes device plugin for NVIDIA GPUs: whole GPUs, time-slicing, MPS and MIG.",
+        epilog="Without a command, run is meant. Simulated nodes for --simulate: "
+        f"{', '.join(preset_names())}, or a YAML node file. 'nvidia-device-plugin COMMAND --help' lists a "
+        "command's flags and their defaults.",
     )
     parser.add_argument("--version", action="version", version=f"nvidia-device-plugin {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run.add_parser(commands.add_parser, environ)
-    mps_control.add_parser(commands.add_parser, environ)
-    demo.add_parser(commands.add_parser, environ)
-    plan.add_parser(commands.add_parser, environ)
-    labels.add_parser(commands.add_parser, environ)
-    plan.add_check_config_parser(commands.add_parser)
-    dra.add_parser(commands.add_parser, environ)
+    add = functools.partial(commands.add_parser, formatter_class=DefaultsHelpFormatter)
+    run.add_parser(add, environ)
+    mps_control.add_parser(add, environ)
+    demo.add_parser(add, environ)
+    plan.add_parser(add, environ)
+    labels.add_parser(add, environ)
+    check_config.add_parser(add)
+    dra.add_parser(add, environ)
+    _Parser.options = tuple(sorted({o for sub in _commands(parser).values() for o in _option_table(sub)}))
     return parser
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _option_table(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return dict(parser._option_string_actions)
+
+
+def with_command(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`argv` with its command first: `run` put in front when none is given; a usage error (exit 2) for a
+    word that is no command, or a command that comes after options."""
+    commands = _commands(parser)
+    options: dict[str, argparse.Action] = {}
+    for sub in reversed(commands.values()):  # run's own meaning wins for an option several commands have
+        options.update(_option_table(sub))
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            break
+        if token.startswith("-"):
+            if token in _TOP_LEVEL and i == 0:
+                return list(argv)  # the program's own help or version
+            action = options.get(token.split("=", 1)[0])
+            if action is not None and "=" not in token and _takes_value(action, argv, i):
+                i += 1
+            i += 1
+            continue
+        if token in commands:
+            if i == 0:
+                return list(argv)
+            moved = " ".join([token, *argv[:i], *argv[i + 1 :]])
+            parser.error(f"options go after the command: did you mean 'nvidia-device-plugin {moved}'?")
+        close = difflib.get_close_matches(token, commands, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the commands are {', '.join(COMMANDS)}"
+        parser.error(f"{token!r} is not a command ({hint}); without a command, run is meant")
+    return ["run", *argv]
+
+
+def _takes_value(action: argparse.Action, argv: Sequence[str], i: int) -> bool:
+    """Whether the option at argv[i] consumes the next word, as argparse would."""
+    if action.nargs == 0:
+        return False
+    if action.nargs == "?":  # NVIDIA-style booleans: `--pass-device-specs` alone, or with a value
+        return i + 1 < len(argv) and not argv[i + 1].startswith("-")
+    return True
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     # gRPC's C core logs transport chatter (GOAWAY on every kubelet restart) to stderr at INFO; it is
     # read when grpc is first imported, which happens below, lazily, after this.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    args_list = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if environ is None else environ)
-    if not any(a in COMMANDS for a in args_list) and not {"-h", "--help", "--version"} & set(args_list):
-        args_list.insert(0, "run")
-    args = build_parser(env).parse_args(args_list)
+    parser = build_parser(env)
+    args = parser.parse_args(with_command(list(sys.argv[1:] if argv is None else argv), parser))
     handler: Command = args.handler
     if args.command == "check-config":
         return handler(args, env)  # prints its own verdict: no log configuration, no NVML

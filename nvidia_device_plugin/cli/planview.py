@@ -36,8 +36,10 @@
       ]
     }
 
-`plan --output json` adds one key, "cdi": the CDI specs (nvidia_device_plugin/cdi/view.py, cdi_to_json),
-null without a CDI device-list strategy.
+`plan --output json` adds three keys: "warnings", the list of every warning `run` would log about this node
+and config (announce.py's notices, the same sentences); "nothing_advertised", why no resource is
+advertised, or null when some are; and "cdi", the CDI specs (nvidia_device_plugin/cdi/view.py,
+cdi_to_json), null without a CDI device-list strategy.
 """
 
 from __future__ import annotations
@@ -52,10 +54,12 @@ _GIB = 1024**3
 _COLUMNS = ("ID", "DEVICE", "UUID", "MODEL", "MEMORY", "NUMA")
 
 
-def render_plan_table(plans: Sequence[ResourcePlan], inventory: Inventory) -> str:
-    """One block per resource: a header line, then one aligned row per advertised device ID."""
+def render_plan_table(plans: Sequence[ResourcePlan], inventory: Inventory, empty_reason: str = "") -> str:
+    """One block per resource: a header line, then one aligned row per advertised device ID; without
+    plans, the line saying so and why (`empty_reason`, announce.nothing_served_reason)."""
     if not plans:
-        return "No resources to advertise: no GPUs found, or none match the configuration.\n"
+        reason = empty_reason or "no GPUs found, or none match the configuration"
+        return f"No resources to advertise: {reason}.\n"
     models = _model_names(inventory)
     blocks = []
     for plan in plans:

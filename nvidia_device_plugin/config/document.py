@@ -16,7 +16,7 @@ import json
 import os
 import stat
 from collections.abc import Mapping, Sequence
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 import yaml
 
@@ -37,6 +37,14 @@ class Invalid(Exception):
         super().__init__(text)
         self.path = path
         self.text = text
+
+
+class Problems(Exception):
+    """Every problem found in one document, in document order (at least one)."""
+
+    def __init__(self, problems: Sequence[Invalid]) -> None:
+        super().__init__("; ".join(p.text for p in problems))
+        self.problems = tuple(problems)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -96,8 +104,22 @@ def _file_kind(mode: int) -> str:
 
 def read_config_document(path: str | os.PathLike[str]) -> object:
     """The decoded document in a YAML or JSON file (None when the file is empty)."""
-    source = os.fspath(path)
-    data = read_config_bytes(path)
+    return decode_config_bytes(read_config_bytes(path), os.fspath(path))
+
+
+def read_config_stream(stream: BinaryIO, source: str, limit: int = MAX_CONFIG_BYTES) -> object:
+    """The decoded document read from `stream` (check-config's `-`: standard input), bounded as a file is."""
+    try:
+        data = stream.read(limit + 1)  # returns at end of input, or once one byte more than allowed came
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the config: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ConfigError(_too_big(source, limit))
+    return decode_config_bytes(data, source)
+
+
+def decode_config_bytes(data: bytes, source: str) -> object:
+    """UTF-8 YAML or JSON bytes -> the decoded document (None when empty); ConfigError naming `source`."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -40,12 +40,15 @@ __all__ = [
     "DISABLE_HEALTHCHECKS_ENV",
     "ENABLE_HEALTHCHECKS_ENV",
     "add_config_arguments",
+    "add_config_option_arguments",
     "apply_health_env",
     "config_source",
     "load_from",
+    "option_default",
     "overrides_from",
     "parse_bool",
     "resolve_config",
+    "states_default",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,8 +84,23 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             flag, dest=dest, default=None, metavar=metavar, help=f"{SOURCE_HELP[dest]} [env {env}]"
         )
+    _add_options(group, with_env=True)
+
+
+def add_config_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """Only the `CONFIG_OPTIONS` flags (check-config: the file comes from its arguments), without env."""
+    _add_options(
+        parser.add_argument_group("settings over every config checked (as on run's command line)"), False
+    )
+
+
+def _add_options(group: argparse._ArgumentGroup, with_env: bool) -> None:
     for option in CONFIG_OPTIONS:
-        help_text = f"{option.help} [env {' or '.join(option.env)}]"
+        help_text = option.help
+        if not states_default(help_text):
+            help_text += f" (default: {option_default(option)})"
+        if with_env:
+            help_text += f" [env {' or '.join(option.env)}]"
         if option.kind == "bool":
             group.add_argument(
                 *option.flags,
@@ -99,6 +117,37 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             )
         else:
             group.add_argument(*option.flags, dest=option.dest, default=None, metavar="VALUE", help=help_text)
+
+
+_STATES_DEFAULT = re.compile(r"\(default[ :]|\bthe default\b")
+
+
+def states_default(help_text: str) -> bool:
+    """Whether a flag's help text says its default already ("(default: x)", "(spread, the default)")."""
+    return _STATES_DEFAULT.search(help_text) is not None
+
+
+_ACRONYMS = (("IDs", "Ids"), ("ID", "Id"), ("CTK", "Ctk"), ("CDI", "Cdi"))
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def _attribute(key: str) -> str:
+    """A v1 key as its dataclass attribute: deviceIDStrategy -> device_id_strategy."""
+    for acronym, word in _ACRONYMS:
+        key = key.replace(acronym, word)
+    return _CAMEL.sub("_", key).lower()
+
+
+def option_default(option: ConfigOption) -> str:
+    """The built-in default of `option`'s config field, as a flag would write it (true, a,b, none)."""
+    value: object = Config()
+    for part in option.path.split("."):
+        value = getattr(value, _attribute(part))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | frozenset):
+        return ",".join(str(v) for v in value) or "none"
+    return str(value) or "''"
 
 
 def overrides_from(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Override]:
@@ -167,7 +216,8 @@ def config_source(args: argparse.Namespace, environ: Mapping[str, str]) -> Confi
             "--config-name and --config-default choose a file inside --config-dir; give --config-dir"
         )
     # NVDP_CONFIG_NAME/NVDP_CONFIG_DEFAULT alone mean nothing without a directory; ignore them.
-    return ConfigSource.from_file(Path(file)) if file else ConfigSource()
+    named_by = "--config-file" if cli["config_file"] else "CONFIG_FILE"
+    return ConfigSource.from_file(Path(file), named_by) if file else ConfigSource()
 
 
 def resolve_config(args: argparse.Namespace, environ: Mapping[str, str], *, strict: bool = False) -> Config:

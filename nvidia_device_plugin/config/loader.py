@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from nvidia_device_plugin.config.document import (
     MAX_CONFIG_BYTES,
     Invalid,
+    Problems,
     check_document_shape,
     origin_of,
     parse_document_text,
@@ -66,6 +67,7 @@ from nvidia_device_plugin.errors import ConfigError
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_REPLICAS",
+    "ConfigProblems",
     "Override",
     "apply_overrides",
     "build_config",
@@ -78,6 +80,24 @@ __all__ = [
     "qualify_resource_name",
     "read_config_document",
 ]
+
+
+class ConfigProblems(ConfigError):
+    """Every mistake found in one config: `problems` holds (origin, sentence) pairs, the origin being the
+    file or the flag or variable the value came from. The message is one log line ("file: a; b"), `lines`
+    one line per mistake (check-config prints those)."""
+
+    def __init__(self, problems: tuple[tuple[str, str], ...]) -> None:
+        self.problems = problems
+        parts: list[str] = []
+        for i, (origin, text) in enumerate(problems):
+            same = i > 0 and problems[i - 1][0] == origin
+            parts.append(text if same else f"{origin}: {text}")
+        super().__init__("; ".join(parts))
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return tuple(f"{origin}: {text}" for origin, text in self.problems)
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,10 @@ def parse_config(
         config = parse_document(raw, KeyNotes(strict=strict))
     except Invalid as exc:
         raise ConfigError(f"{origin_of(exc.path, origins or {}) or source}: {exc.text}") from None
+    except Problems as exc:
+        raise ConfigProblems(
+            tuple((origin_of(p.path, origins or {}) or source, p.text) for p in exc.problems)
+        ) from None
     except RecursionError:  # the shape check makes this unreachable; kept so a reload can never crash
         raise ConfigError(f"{source}: the document is nested too deeply to read") from None
     warnings = tuple(replace(w, message=f"{source}: {w.message}") for w in config.warnings)

@@ -92,6 +92,14 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         "auto, nvml or tegra (discovery always uses NVML; tegra is logged as unsupported)",
     ),
     ConfigOption(
+        "flags.resourceNaming",
+        ("--resource-naming",),
+        ("NVDP_RESOURCE_NAMING",),
+        "bool",
+        "ours: apply the config's resources renames and sharing rename/devices, which NVIDIA v0.20 ignores "
+        "with a warning (and so does this plugin without this option)",
+    ),
+    ConfigOption(
         "flags.plugin.passDeviceSpecs",
         ("--pass-device-specs",),
         ("PASS_DEVICE_SPECS",),
@@ -117,7 +125,7 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         ("--shared-devices-allocation-policy",),
         ("SHARED_DEVICES_ALLOCATION_POLICY",),
         "str",
-        "how replicas of shared GPUs are picked: distributed (spread, the default) or packed (fill GPUs)",
+        "how replicas of shared GPUs are picked: distributed (spread) or packed (fill GPUs)",
     ),
     ConfigOption(
         "flags.plugin.cdiAnnotationPrefix",

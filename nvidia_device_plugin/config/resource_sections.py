@@ -80,15 +80,20 @@ def parse_resources(s: Section) -> Resources:
 
 def _parse_patterns(s: Section, key: str) -> tuple[ResourcePattern, ...]:
     entries = s.get_list(key) or []
-    patterns: list[ResourcePattern] = []
-    for i, item in enumerate(entries):
-        entry = s.entry(item, f"{s.path_of(key)}[{i}]", PATTERN_FIELDS)
-        pattern = entry.required_str("pattern")
-        if not pattern:
-            fail(entry.path_of("pattern"), "must not be empty (use '*' to match every device)")
-        name = qualified_name(entry.required_str("name"), entry.path_of("name"))
-        patterns.append(ResourcePattern(pattern=pattern, name=name))
-    return tuple(patterns)
+    path = s.path_of(key)
+    patterns = [
+        s.notes.attempt(None, _parse_pattern, s, item, f"{path}[{i}]") for i, item in enumerate(entries)
+    ]
+    return tuple(p for p in patterns if p is not None)
+
+
+def _parse_pattern(s: Section, item: object, path: str) -> ResourcePattern:
+    entry = s.entry(item, path, PATTERN_FIELDS)
+    pattern = entry.required_str("pattern")
+    if not pattern:
+        fail(entry.path_of("pattern"), "must not be empty (use '*' to match every device)")
+    name = qualified_name(entry.required_str("name"), entry.path_of("name"))
+    return ResourcePattern(pattern=pattern, name=name)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -97,33 +102,31 @@ def _parse_patterns(s: Section, key: str) -> tuple[ResourcePattern, ...]:
 
 def parse_sharing(s: Section) -> Sharing:
     time_slicing = ReplicatedResources()
-    if s.raw("timeSlicing") is not None:
-        time_slicing = _parse_replicated(s.section("timeSlicing", REPLICATED_FIELDS), fail_default=False)
+    if s.raw("timeSlicing") is not None:  # each is read even when the other is wrong
+        time_slicing = s.notes.attempt(time_slicing, _parse_replicated, s, "timeSlicing", fail_default=False)
     mps = None
     if s.raw("mps") is not None:
-        mps = _parse_replicated(s.section("mps", REPLICATED_FIELDS), fail_default=True)
+        mps = s.notes.attempt(None, _parse_replicated, s, "mps", fail_default=True)
     return Sharing(time_slicing=time_slicing, mps=mps)
 
 
-def _parse_replicated(s: Section, fail_default: bool) -> ReplicatedResources:
+def _parse_replicated(sharing: Section, key: str, fail_default: bool) -> ReplicatedResources:
+    s = sharing.section(key, REPLICATED_FIELDS)
     rename_by_default = s.get_bool("renameByDefault", False)
     fail_requests = s.get_bool("failRequestsGreaterThanOne", fail_default)
     list_path = s.path_of("resources")
+    if s.raw("resources") is not None and not isinstance(s.raw("resources"), list):
+        fail_type(list_path, "a list", s.raw("resources"))
     entries = s.get_list("resources")
     if not entries:
         fail(list_path, f"no resources specified (list at least one resource to share, or remove {s.path})")
     listed: dict[str, int] = {}  # resource name -> entry index
     resources: list[ReplicatedResource] = []
     for i, item in enumerate(entries):
-        entry = s.entry(item, f"{list_path}[{i}]", REPLICATED_RESOURCE_FIELDS)
-        name = qualified_name(entry.required_str("name"), entry.path_of("name"))
-        if name in listed:
-            fail(
-                entry.path_of("name"),
-                f"{name!r} is already listed at {list_path}[{listed[name]}]; list it once",
-            )
-        listed[name] = i
-        resources.append(_parse_replicated_resource(entry, name, rename_by_default))
+        # Each entry is read even when an earlier one is wrong, so every mistake is reported.
+        entry = s.notes.attempt(None, _parse_listed_resource, s, item, i, listed, rename_by_default)
+        if entry is not None:
+            resources.append(entry)
     return _built(
         s.path,
         lambda: ReplicatedResources(
@@ -132,6 +135,22 @@ def _parse_replicated(s: Section, fail_default: bool) -> ReplicatedResources:
             resources=tuple(resources),
         ),
     )
+
+
+def _parse_listed_resource(
+    s: Section, item: object, index: int, listed: dict[str, int], rename_by_default: bool
+) -> ReplicatedResource:
+    """Entry `index` of the sharing list in `s`; `listed` (resource name -> index) catches a resource
+    listed twice."""
+    entry = s.entry(item, f"{s.path_of('resources')}[{index}]", REPLICATED_RESOURCE_FIELDS)
+    name = qualified_name(entry.required_str("name"), entry.path_of("name"))
+    if name in listed:
+        list_path = entry.path.rpartition("[")[0]
+        fail(
+            entry.path_of("name"), f"{name!r} is already listed at {list_path}[{listed[name]}]; list it once"
+        )
+    listed[name] = index
+    return _parse_replicated_resource(entry, name, rename_by_default)
 
 
 def _parse_replicated_resource(entry: Section, name: str, rename_by_default: bool) -> ReplicatedResource:

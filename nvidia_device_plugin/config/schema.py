@@ -2,7 +2,10 @@
 
 Unknown keys name the path and suggest the closest known key. With `KeyNotes.strict` (check-config and
 the loader's default) they are errors; the daemon reads leniently, as NVIDIA does (it ignores them), and
-each one becomes a ConfigWarning, logged and counted, so a stray key never takes a node's GPUs away. A
+each one becomes a ConfigWarning, logged and counted, so a stray key never takes a node's GPUs away. When
+the document has an error anyway, its unknown keys are reported with it in either mode: a misspelt
+`replica:` explains the `replicas: required field is missing` that follows. `KeyNotes` collects every
+problem of one document (`attempt`), so that one reading reports every mistake it can find. A
 known key spelt in another case (`timeslicing`) is accepted with a warning naming the canonical spelling,
 as NVIDIA's case-insensitive YAML decoding accepts it. A missing key and an explicit null both mean "not
 given", as they do for NVIDIA's pointer fields.
@@ -11,9 +14,9 @@ given", as they do for NVIDIA's pointer fields.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 from nvidia_device_plugin.config.document import Invalid, fail, fail_choice, fail_type, join_path, show
 from nvidia_device_plugin.config.v1 import ConfigWarning, ConfigWarningKind
@@ -31,6 +34,7 @@ FLAG_FIELDS = (
     "gdrcopyEnabled",
     "useNodeFeatureAPI",
     "deviceDiscoveryStrategy",
+    "resourceNaming",
     "resourceNamePrefix",
     "plugin",
     "gfd",
@@ -63,17 +67,44 @@ IMEX_FIELDS = ("channelIDs", "required")
 ALIASES = {"flags.plugin.nvidiaCTKPath": ("nvidiaCDIHookPath",)}
 
 _Choice = TypeVar("_Choice", bound=str)
+_Value = TypeVar("_Value")
+_Args = ParamSpec("_Args")
 
 
 @dataclass
 class KeyNotes:
-    """How one document's keys are judged (`strict`: unknown keys are errors), and what was let through."""
+    """How one document's keys are judged (`strict`: unknown keys are errors), what was let through, and
+    every problem found so far, in document order (`problems`; `unknown` marks the unknown keys)."""
 
     strict: bool = True
     warnings: list[ConfigWarning] = field(default_factory=list)
+    problems: list[Invalid] = field(default_factory=list)
+    unknown: set[int] = field(default_factory=set)  # ids of the problems that are unknown keys
 
     def warn(self, kind: ConfigWarningKind, path: str, message: str) -> None:
         self.warnings.append(ConfigWarning(kind, path, message))
+
+    def unknown_key(self, problem: Invalid) -> None:
+        self.unknown.add(id(problem))
+        self.problems.append(problem)
+        self.warn("unknown-key", problem.path, f"{problem.text}; ignored")
+
+    def attempt(
+        self, instead: _Value, read: Callable[_Args, _Value], *args: _Args.args, **kwargs: _Args.kwargs
+    ) -> _Value:
+        """`read(*args, **kwargs)`, or `instead` with its problem noted, so that reading goes on to find the
+        next problem."""
+        try:
+            return read(*args, **kwargs)
+        except Invalid as problem:
+            self.problems.append(problem)
+            return instead
+
+    def reported(self) -> list[Invalid]:
+        """The problems that make the document invalid: all of them when strict or when any is an error
+        (unknown keys then explain it), none when the only ones are unknown keys read leniently."""
+        errors = [p for p in self.problems if id(p) not in self.unknown]
+        return list(self.problems) if self.strict or errors else []
 
 
 def unknown_field(path: str, key: object, known: Sequence[str]) -> Invalid:
@@ -128,10 +159,7 @@ class Section:
                 continue
             canonical = _same_but_case(key, known)
             if canonical is None:
-                problem = unknown_field(self.path, key, known)
-                if self.notes.strict:
-                    raise problem
-                self.notes.warn("unknown-key", problem.path, f"{problem.text}; ignored")
+                self.notes.unknown_key(unknown_field(self.path, key, known))
                 continue
             child = self.path_of(str(key))
             if canonical in value:
@@ -155,7 +183,13 @@ class Section:
         """A mapping found inside this section (a list item), judged by the same notes."""
         return Section(value, path, known, self.notes)
 
+    # The getters with a default note a wrong value and go on with the default (`KeyNotes.attempt`), so
+    # one reading finds every mistake; the document is refused all the same.
+
     def get_bool(self, key: str, default: bool) -> bool:
+        return self.notes.attempt(default, self._bool, key, default)
+
+    def _bool(self, key: str, default: bool) -> bool:
         value = self._values.get(key)
         if value is None:
             return default
@@ -164,6 +198,9 @@ class Section:
         return value
 
     def get_str(self, key: str, default: str) -> str:
+        return self.notes.attempt(default, self._str, key, default)
+
+    def _str(self, key: str, default: str) -> str:
         value = self._values.get(key)
         if value is None:
             return default
@@ -174,7 +211,8 @@ class Section:
     def optional_str(self, key: str) -> str | None:
         value = self._values.get(key)
         if value is not None and not isinstance(value, str):
-            fail_type(self.path_of(key), "a string", value)
+            self.notes.attempt(None, fail_type, self.path_of(key), "a string", value)
+            return None
         return value
 
     def required_str(self, key: str) -> str:
@@ -197,12 +235,13 @@ class Section:
         value = self._values.get(key)
         if value is None:
             return default
-        return choose(self.path_of(key), value, choices)
+        return self.notes.attempt(default, choose, self.path_of(key), value, choices)
 
     def get_list(self, key: str) -> list[object] | None:
         value = self._values.get(key)
         if value is None:
             return None
         if not isinstance(value, list):
-            fail_type(self.path_of(key), "a list", value)
+            self.notes.attempt(None, fail_type, self.path_of(key), "a list", value)
+            return None
         return value

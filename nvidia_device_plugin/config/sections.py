@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 
-from nvidia_device_plugin.config.document import check_version, fail, fail_type, show
+from nvidia_device_plugin.config.document import Problems, check_version, fail, fail_type, show
+from nvidia_device_plugin.config.dra import Dra
 from nvidia_device_plugin.config.dra_section import DRA_FIELDS, parse_dra
 from nvidia_device_plugin.config.durations import parse_go_duration
+from nvidia_device_plugin.config.naming import drop_resource_naming
 from nvidia_device_plugin.config.resource_sections import parse_resources, parse_sharing
 from nvidia_device_plugin.config.schema import (
     FLAG_FIELDS,
@@ -49,6 +51,7 @@ from nvidia_device_plugin.config.v1 import (
     Imex,
     PluginFlags,
     Recovery,
+    Resources,
     Sharing,
 )
 
@@ -62,17 +65,27 @@ _MAX_XID = 2**64 - 1
 
 
 def parse_document(raw: object, notes: KeyNotes | None = None) -> Config:
-    """The Config `raw` describes; `notes` says how unknown keys are judged and collects the warnings."""
+    """The Config `raw` describes; `notes` says how unknown keys are judged and collects the warnings.
+
+    Each section is read even when an earlier one has a problem, so that one reading reports every mistake
+    it finds (`Problems`, in document order), not just the first.
+    """
     notes = notes if notes is not None else KeyNotes()
     doc = Section(raw, "", TOP_FIELDS, notes)
-    check_version(doc.raw("version"))
-    flags = _parse_flags(doc.section("flags", FLAG_FIELDS))
-    resources = parse_resources(doc.section("resources", RESOURCES_FIELDS))
-    sharing = parse_sharing(doc.section("sharing", SHARING_FIELDS))
-    health = _parse_health(doc.section("health", HEALTH_FIELDS))
-    imex = _parse_imex(doc.section("imex", IMEX_FIELDS))
-    dra = parse_dra(doc.section("dra", DRA_FIELDS))
-    _check_sharing_against_flags(sharing, flags)
+    notes.attempt(None, check_version, doc.raw("version"))
+    flags = notes.attempt(Flags(), _parse_flags, doc.section("flags", FLAG_FIELDS))
+    resources = notes.attempt(Resources(), parse_resources, doc.section("resources", RESOURCES_FIELDS))
+    sharing = notes.attempt(Sharing(), parse_sharing, doc.section("sharing", SHARING_FIELDS))
+    health = notes.attempt(Health(), _parse_health, doc.section("health", HEALTH_FIELDS))
+    imex = notes.attempt(Imex(), _parse_imex, doc.section("imex", IMEX_FIELDS))
+    dra = notes.attempt(Dra(), parse_dra, doc.section("dra", DRA_FIELDS))
+    if not flags.resource_naming:
+        resources, sharing = notes.attempt(
+            (Resources(), sharing), drop_resource_naming, resources, sharing, notes
+        )
+    notes.attempt(None, _check_sharing_against_flags, sharing, flags)
+    if problems := notes.reported():
+        raise Problems(problems)
     return Config(
         version=VERSION,
         flags=flags,
@@ -123,6 +136,7 @@ def _parse_flags(s: Section) -> Flags:
         device_discovery_strategy=s.get_choice(
             "deviceDiscoveryStrategy", DEVICE_DISCOVERY_STRATEGIES, d.device_discovery_strategy
         ),
+        resource_naming=s.get_bool("resourceNaming", d.resource_naming),
         plugin=_parse_plugin_flags(s.section("plugin", PLUGIN_FIELDS)),
     )
 

@@ -13,9 +13,10 @@ rejects it like a bad config instead of dying on an OSError.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nvidia_device_plugin.config.loader import Override, build_config, read_config_document
@@ -25,10 +26,17 @@ from nvidia_device_plugin.config.selection import (
     available_config_names,
     select_config,
 )
-from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.config.v1 import Config, ConfigChoice, ConfigOrigin
 from nvidia_device_plugin.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 NO_FILE_SOURCE = "<no config file>"
+_FALLBACK_CHOICES: dict[str, ConfigChoice] = {
+    FallbackStrategy.NAMED.value: "fallback-named",
+    FallbackStrategy.SINGLE.value: "fallback-single",
+    FallbackStrategy.EMPTY.value: "fallback-empty",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,8 @@ class ConfigSource:
     default_name: str | None = None  # file name inside `directory` when `name` is unset or missing
     # How to choose when neither name nor default_name is given (NVIDIA's config.fallbackStrategies).
     fallback_strategies: tuple[FallbackStrategy, ...] = DEFAULT_FALLBACK_STRATEGIES
+    # How the file was named, for the log: "--config-file" or "CONFIG_FILE" (config.flags sets it).
+    named_by: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.file is not None and self.directory is not None:
@@ -53,8 +63,8 @@ class ConfigSource:
                 raise ConfigError(f"{label} {value!r} must be a plain file name inside {self.directory}")
 
     @classmethod
-    def from_file(cls, path: Path) -> ConfigSource:
-        return cls(file=path)
+    def from_file(cls, path: Path, named_by: str = "") -> ConfigSource:
+        return cls(file=path, named_by=named_by)
 
     @classmethod
     def from_directory(
@@ -84,16 +94,29 @@ class ConfigSource:
 
     def resolve(self) -> Path | None:
         """The file to read now; None when there is no file to read (all defaults)."""
+        return self.choose()[0]
+
+    def choose(self) -> tuple[Path | None, ConfigOrigin]:
+        """The file to read now (None: the built-in defaults) and how it was chosen, for the log lines and
+        the active-config metric. Raises ConfigError when no file can be chosen."""
         if self.file is not None:
-            return self.file
+            return self.file, ConfigOrigin(str(self.file), "config-file", self._file_why(self.file))
         if self.directory is None:
-            return None
-        candidates = [self.directory / n for n in (self.name, self.default_name) if n]
-        if not candidates:
+            return None, ConfigOrigin("", "defaults", "no config file given: built-in defaults")
+        if not (self.name or self.default_name):
             return self._fallback(self.directory)
-        for candidate in candidates:
-            if _exists(candidate):
-                return candidate  # reading it says what is wrong if it is not a regular file
+        named: tuple[tuple[ConfigChoice, str, str | None], ...] = (
+            ("config-name", "--config-name", self.name),
+            ("config-default", "--config-default", self.default_name),
+        )
+        for choice, flag, name in named:
+            candidate = self.directory / name if name else None
+            if candidate is not None and _exists(candidate):  # reading it says what is wrong with it
+                why = f"{flag} {name!r} in {self.directory}"
+                if choice == "config-default" and self.name:
+                    why += f" (the --config-name {self.name!r} does not exist there)"
+                return candidate, ConfigOrigin(str(candidate), choice, why)
+        candidates = [self.directory / n for n in (self.name, self.default_name) if n]
         if len(candidates) == 1:
             raise ConfigError(f"{candidates[0]}: config file not found")
         raise ConfigError(
@@ -101,7 +124,13 @@ class ConfigSource:
             "(the default) exists"
         )
 
-    def _fallback(self, directory: Path) -> Path | None:
+    def _file_why(self, file: Path) -> str:
+        why = f"{self.named_by or 'config file'} {file}"
+        target = _link_target(file)
+        # NVIDIA's config-manager (and our --node-config-label) links the chosen ConfigMap key here.
+        return why + (f", a link to {target}" if target is not None else "")
+
+    def _fallback(self, directory: Path) -> tuple[Path | None, ConfigOrigin]:
         """NVIDIA's fallback strategies, for a directory source given no name and no default."""
         if not _exists(directory):
             raise ConfigError(f"config directory {directory} does not exist")
@@ -115,17 +144,28 @@ class ConfigSource:
                 f"fallback strategies ({tried}) chose none of its configs ({', '.join(names) or 'none'}); "
                 "name one, or add `empty` to fall back to the built-in defaults"
             ) from None
-        return None if selection.name is None else directory / selection.name
+        strategy = selection.reason.removeprefix("fallback ")
+        chosen = repr(selection.name) if selection.name else "the built-in defaults"
+        why = (
+            f"no --config-name or --config-default: fallback strategy {strategy} chose {chosen} among "
+            f"{', '.join(names) or 'no configs'} in {directory}"
+        )
+        path = None if selection.name is None else directory / selection.name
+        return path, ConfigOrigin(str(path or ""), _FALLBACK_CHOICES[strategy], why)
 
     def load(self, overrides: Mapping[str, Override] | None = None, *, strict: bool = True) -> Config:
         """The config this source names now, with flag/environment `overrides` applied before validation.
 
         Unknown keys are errors when `strict`, else `Config.warnings` (the daemon's way: see config.loader).
+        The config's `origin` says which file was read and why.
         """
-        path = self.resolve()
+        path, origin = self.choose()
+        log.debug("config: %s", origin.why)
         if path is None:
-            return build_config(None, overrides or {}, NO_FILE_SOURCE, strict=strict)
-        return build_config(read_config_document(path), overrides or {}, str(path), strict=strict)
+            config = build_config(None, overrides or {}, NO_FILE_SOURCE, strict=strict)
+        else:
+            config = build_config(read_config_document(path), overrides or {}, str(path), strict=strict)
+        return replace(config, origin=origin)
 
     def watch_paths(self) -> list[Path]:
         """The directories whose entries decide this source's content (watch these, not the files).

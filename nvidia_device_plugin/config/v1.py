@@ -33,8 +33,22 @@ DeviceDiscoveryStrategy = Literal["auto", "nvml", "tegra"]
 # NVIDIA's flags.plugin.sharedDevicesAllocationPolicy: how replicas of shared GPUs are picked (see serving).
 SharedAllocationPolicy = Literal["distributed", "packed"]
 # What a ConfigWarning is about: a key the schema does not know (the daemon ignores it, check-config refuses
-# it), or a known key spelt in another case (accepted, as NVIDIA accepts it).
-ConfigWarningKind = Literal["unknown-key", "key-case"]
+# it), a known key spelt in another case (accepted, as NVIDIA accepts it), or a setting NVIDIA v0.20 ignores
+# and so do we unless told otherwise (resource naming: config.naming).
+ConfigWarningKind = Literal["unknown-key", "key-case", "ignored"]
+# How the file served was chosen (config.source): a file named by --config-file / CONFIG_FILE, the
+# --config-name or --config-default file of a config directory, one of NVIDIA's fallback strategies, the
+# node's label (the in-process config-manager), or no file at all (built-in defaults).
+ConfigChoice = Literal[
+    "config-file",
+    "config-name",
+    "config-default",
+    "fallback-named",
+    "fallback-single",
+    "fallback-empty",
+    "node-label",
+    "defaults",
+]
 # How a resource's devices are shared, as NVIDIA's plugin decides it from the sharing section.
 SharingMode = Literal["none", "time-slicing", "mps"]
 # NVML event types a health check may watch (NVIDIA's health.eventTypes names).
@@ -123,6 +137,10 @@ class Flags:
     mofed_enabled: bool = False
     gdrcopy_enabled: bool = False
     device_discovery_strategy: DeviceDiscoveryStrategy = "auto"
+    # Ours: apply `resources` renames and sharing `rename`/`devices`. False is NVIDIA v0.20's behaviour
+    # (DisableResourceNamingInConfig: ignored, with its warnings), so a v0.20 ConfigMap advertises the
+    # same names and counts here (config.naming).
+    resource_naming: bool = False
     plugin: PluginFlags = field(default_factory=PluginFlags)
 
 
@@ -265,6 +283,15 @@ class ConfigWarning:
 
 
 @dataclass(frozen=True)
+class ConfigOrigin:
+    """Where a loaded config came from, for the start-up and reload log lines and the active-config metric."""
+
+    file: str  # the file read ("" when none was: the built-in defaults)
+    choice: ConfigChoice
+    why: str  # the sentence for the log, e.g. "--config-name 'a100' in /config"
+
+
+@dataclass(frozen=True)
 class Config:
     version: str = VERSION
     flags: Flags = field(default_factory=Flags)
@@ -275,6 +302,8 @@ class Config:
     dra: Dra = field(default_factory=Dra)  # ours (config/dra.py): DRA beside the device plugin
     # What the loader accepted with a warning; not part of the config's meaning, so not compared.
     warnings: tuple[ConfigWarning, ...] = field(default=(), compare=False)
+    # Where it was read from (config.source sets it); None for a Config built in code.
+    origin: ConfigOrigin | None = field(default=None, compare=False)
 
     @property
     def unknown_keys(self) -> tuple[str, ...]:

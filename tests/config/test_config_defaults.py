@@ -26,6 +26,12 @@ def parse(text: str) -> Config:
     return parse_config_text(text, "test.yaml")
 
 
+def parse_named(text: str) -> Config:
+    """`text` with resource naming applied (flags.resourceNaming; NVIDIA v0.20 ignores renames and device
+    selections, and so does the default here: tests/config/test_config_naming.py)."""
+    return parse("flags: {resourceNaming: true}\n" + text)
+
+
 # --------------------------------------------------------------------------------------------------------
 # Defaults and NVIDIA's semantics
 
@@ -73,7 +79,7 @@ def test_mps_fail_requests_default_can_be_relaxed_and_time_slicing_default_is_fa
 
 
 def test_names_are_prefixed_and_explicit_rename_beats_rename_by_default() -> None:
-    config = parse(
+    config = parse_named(
         """
 sharing:
   timeSlicing:
@@ -94,9 +100,9 @@ def test_one_replica_is_accepted() -> None:
 
 
 def test_devices_count_and_canonical_refs() -> None:
-    counted = parse("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, devices: 3}]}}")
+    counted = parse_named("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, devices: 3}]}}")
     assert counted.sharing.active.resources[0].devices == ReplicatedDevices(all=False, count=3)
-    refs = parse(
+    refs = parse_named(
         "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, "
         "devices: ['007', '01:002', 'GPU-4CF8DB2D-06C0-7D70-1A51-E59B25B2C16C', 7]}]}}"
     )
@@ -108,7 +114,7 @@ def test_devices_count_and_canonical_refs() -> None:
 
 
 def test_entries_sharing_a_final_name_with_equal_replicas_are_accepted() -> None:
-    config = parse(
+    config = parse_named(
         "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, rename: shared}, "
         "{name: mig-1g.10gb, replicas: 2, rename: shared}]}}"
     )

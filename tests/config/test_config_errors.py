@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.config.loader import parse_config_text
+from nvidia_device_plugin.config.loader import (
+    ConfigProblems,
+    parse_config,
+    parse_config_text,
+    parse_document_text,
+)
 from nvidia_device_plugin.config.v1 import HEALTH_EVENT_TYPES, Config
 from nvidia_device_plugin.errors import ConfigError
 
@@ -241,3 +246,60 @@ def test_old_restart_on_device_unhealthy_flag_is_accepted_and_type_checked() -> 
     parse_config_text("version: v1\nflags:\n  restartOnDeviceUnhealthy: true\n", "old.yaml")
     with pytest.raises(ConfigError, match=r"flags\.restartOnDeviceUnhealthy"):
         parse_config_text("version: v1\nflags:\n  restartOnDeviceUnhealthy: sometimes\n", "old.yaml")
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_INPUTS, ids=[m[:60] for _, m in BAD_INPUTS])
+def test_one_mistake_is_reported_once(text: str, message: str) -> None:
+    # Reading goes on after a mistake (to find the next one), and must not invent more from the first.
+    with pytest.raises(ConfigError) as err:
+        parse(text)
+    problems = (
+        err.value.problems if isinstance(err.value, ConfigProblems) else (("test.yaml", str(err.value)),)
+    )
+    assert len(problems) == 1, problems
+
+
+TYPOS = """
+flags:
+  migStrategy: mixd
+  plugin: {passDeviceSpec: true}
+sharing:
+  timeSlicing:
+    resources:
+    - {name: nvidia.com/gpu, replica: 4}
+    - {name: nvidia.com/mig-1g.10gb, replicas: 0, renme: x}
+health: {ignoredXIDs: [-1]}
+"""
+EVERY_MISTAKE = [
+    "flags.migStrategy must be one of none, single, mixed, got 'mixd'",
+    "flags.plugin.passDeviceSpec: unknown field (did you mean passDeviceSpecs?)",
+    "sharing.timeSlicing.resources[0].replica: unknown field (did you mean replicas?)",
+    "sharing.timeSlicing.resources[0].replicas: required field is missing",
+    "sharing.timeSlicing.resources[1].renme: unknown field (did you mean rename?)",
+    "sharing.timeSlicing.resources[1].replicas must be >= 1, got 0",
+    "health.ignoredXIDs[0] must be an XID (a non-negative integer), got -1",
+]
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["check-config", "daemon"])
+def test_every_mistake_is_reported_with_its_hint_in_document_order(strict: bool) -> None:
+    # Read leniently (the daemon), the unknown keys are reported too: they explain the missing `replicas`.
+    with pytest.raises(ConfigProblems) as err:
+        parse_config(parse_document_text(TYPOS), "typos.yaml", strict=strict)
+    assert err.value.lines == tuple(f"typos.yaml: {line}" for line in EVERY_MISTAKE)
+    assert str(err.value) == "typos.yaml: " + "; ".join(EVERY_MISTAKE)
+
+
+def test_unknown_keys_alone_are_errors_only_when_strict() -> None:
+    text = (
+        "flags: {plugin: {passDeviceSpec: true}}\n"
+        "sharing: {timeslicing: {resources: [{name: gpu, replicas: 2}]}}"
+    )
+    with pytest.raises(ConfigProblems) as err:
+        parse_config(parse_document_text(text), "t.yaml", strict=True)
+    assert err.value.lines == (
+        "t.yaml: flags.plugin.passDeviceSpec: unknown field (did you mean passDeviceSpecs?)",
+    )
+    lenient = parse_config(parse_document_text(text), "t.yaml", strict=False)
+    assert lenient.unknown_keys == ("flags.plugin.passDeviceSpec",)
+    assert lenient.sharing.strategy == "time-slicing"  # the case-only spelling is read, with a warning

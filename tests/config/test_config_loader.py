@@ -248,6 +248,7 @@ def test_nvidia_replica_device_reference_forms() -> None:
     # The forms NVIDIA's replicas_test.go accepts, as one list.
     config = parse(
         """
+flags: {resourceNaming: true}  # else v0.20 ignores every device list (test_config_naming.py)
 sharing:
   timeSlicing:
     resources:

@@ -11,6 +11,7 @@ import pytest
 from nvidia_device_plugin.config.flags import add_config_arguments, config_source
 from nvidia_device_plugin.config.loader import Override, parse_config_text
 from nvidia_device_plugin.config.source import ConfigSource
+from nvidia_device_plugin.config.v1 import ConfigOrigin
 from nvidia_device_plugin.errors import ConfigError
 
 FILE = """
@@ -191,3 +192,65 @@ def test_host_paths_must_be_absolute(key: str) -> None:
     text = f"version: v1\n{nesting}{'  ' * len(parents)}{leaf}: run/mps\n"
     with pytest.raises(ConfigError, match=rf"{re.escape(key)}: must be an absolute path, got 'run/mps'"):
         parse_config_text(text)
+
+
+# ---- how the config was chosen: Config.origin, for the start-up line and the active-config metric -------
+
+
+def test_the_origin_says_which_file_was_read_and_why(tmp_path: Path) -> None:
+    mount = configmap_dir(tmp_path, {"default": "version: v1\n", "a100": "version: v1\n"})
+    cases = [
+        (
+            config_source(parse_args("--config-dir", str(mount), "--config-name", "a100"), {}),
+            "a100",
+            "config-name",
+            f"--config-name 'a100' in {mount}",
+        ),
+        (
+            config_source(
+                parse_args("--config-dir", str(mount), "--config-default", "default"),
+                {"NVDP_CONFIG_NAME": "t4"},
+            ),
+            "default",
+            "config-default",
+            f"--config-default 'default' in {mount} (the --config-name 't4' does not exist there)",
+        ),
+        (
+            config_source(parse_args("--config-dir", str(mount)), {}),
+            "default",
+            "fallback-named",
+            "no --config-name or --config-default: fallback strategy named chose 'default' among a100, "
+            f"default in {mount}",
+        ),
+        (
+            config_source(parse_args("--config-file", str(mount / "a100")), {}),
+            "a100",
+            "config-file",
+            f"--config-file {mount / 'a100'}, a link to {mount / '..data/a100'}",
+        ),
+        (
+            config_source(parse_args(), {"CONFIG_FILE": str(mount / "a100")}),
+            "a100",
+            "config-file",
+            f"CONFIG_FILE {mount / 'a100'}, a link to {mount / '..data/a100'}",
+        ),
+    ]
+    for source, name, choice, why in cases:
+        origin = source.load().origin
+        assert origin == ConfigOrigin(str(mount / name), choice, why)
+
+
+def test_fallback_single_empty_and_no_file_origins(tmp_path: Path) -> None:
+    one = configmap_dir(tmp_path / "one", {"a100": "version: v1\n"})
+    single = config_source(parse_args("--config-dir", str(one)), {}).load().origin
+    assert single is not None and (single.file, single.choice) == (str(one / "a100"), "fallback-single")
+    empty = config_source(parse_args("--config-dir", str(one), "--config-fallback-strategies", "empty"), {})
+    assert empty.load().origin == ConfigOrigin(
+        "",
+        "fallback-empty",
+        "no --config-name or --config-default: fallback strategy empty chose the built-in defaults "
+        f"among a100 in {one}",
+    )
+    assert ConfigSource().load().origin == ConfigOrigin(
+        "", "defaults", "no config file given: built-in defaults"
+    )

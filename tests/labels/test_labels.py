@@ -136,7 +136,8 @@ def test_time_slicing_marks_the_product_shared() -> None:
 def test_renamed_shared_resource_has_no_shared_suffix() -> None:
     for text in (
         "sharing: {timeSlicing: {renameByDefault: true, resources: [{name: nvidia.com/gpu, replicas: 3}]}}",
-        "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, rename: a100, replicas: 3}]}}",
+        "{flags: {resourceNaming: true}, "  # a rename applies only when asked for (config/naming.py)
+        "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, rename: a100, replicas: 3}]}}}",
     ):
         labels = labels_of("dgx-a100", parse_config_text(text))
         assert labels[N + "gpu.product"] == "NVIDIA-A100-SXM4-80GB", text

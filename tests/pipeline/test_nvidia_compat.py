@@ -123,10 +123,7 @@ def test_distributed_flag_spreads_pods_over_gpus(
 # NVIDIA's documented example configs
 
 
-def test_time_slicing_with_rename_advertises_the_new_name(
-    tmp_path: Path, serve: Callable[..., Daemon], kubelet: KubeletStandIn
-) -> None:
-    text = """
+RENAMED = """
 version: v1
 sharing:
   timeSlicing:
@@ -135,7 +132,34 @@ sharing:
       rename: nvidia.com/gpu.shared
       replicas: 10
 """
-    daemon = serve(loader(tmp_path, text), resources=(SHARED,))
+
+
+def test_time_slicing_rename_is_ignored_with_nvidias_warning_as_in_v0_20(
+    tmp_path: Path, serve: Callable[..., Daemon], kubelet: KubeletStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # v0.20's DisableResourceNamingInConfig: the replicas stay under the resource's own name.
+    serve(loader(tmp_path, RENAMED))
+    assert len(kubelet.devices(GPU)) == 80
+    assert SHARED not in kubelet.resources()
+    assert (
+        "Setting the 'rename' field in sharing.timeSlicing.resources is not yet supported in the config. "
+        "Ignoring..." in caplog.text
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [(("--resource-naming",), {}), ((), {"NVDP_RESOURCE_NAMING": "true"})],
+    ids=["flag", "env"],
+)
+def test_time_slicing_with_rename_advertises_the_new_name_when_resource_naming_is_on(
+    tmp_path: Path,
+    serve: Callable[..., Daemon],
+    kubelet: KubeletStandIn,
+    argv: tuple[str, ...],
+    env: dict[str, str],
+) -> None:
+    daemon = serve(loader(tmp_path, RENAMED, *argv, env=env), resources=(SHARED,))
     assert len(kubelet.devices(SHARED)) == 80
     ids, response = kubelet.admit(SHARED, 1)
     assert visible(response) == [ids[0].split("::")[0]]
@@ -164,11 +188,14 @@ sharing:
     assert visible(response) == [free[0].split("::")[0]]
 
 
-def test_per_resource_devices_list_shares_only_the_listed_gpus(
-    tmp_path: Path, serve: Callable[..., Daemon], kubelet: KubeletStandIn
+@pytest.mark.parametrize("naming", [False, True], ids=["v0.20-default", "resource-naming"])
+def test_per_resource_devices_list_shares_only_the_listed_gpus_with_resource_naming(
+    tmp_path: Path, serve: Callable[..., Daemon], kubelet: KubeletStandIn, naming: bool
 ) -> None:
-    text = """
+    text = f"""
 version: v1
+flags:
+  resourceNaming: {str(naming).lower()}
 sharing:
   timeSlicing:
     resources:
@@ -178,7 +205,9 @@ sharing:
 """
     daemon = serve(loader(tmp_path, text))
     shared = [i for i in kubelet.devices(GPU) if "::" in i]
-    assert sorted(set(gpus_of(daemon, shared))) == [0, 5]
+    # v0.20 ignores the list ("Customizing the 'devices' field ... Ignoring..."): every GPU is shared.
+    assert sorted(set(gpus_of(daemon, shared))) == ([0, 5] if naming else list(range(8)))
+    assert len(kubelet.devices(GPU)) == (3 * 2 + 6 if naming else 3 * 8)
 
 
 def test_mig_mixed_serves_each_profile(
