@@ -189,7 +189,7 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         ("--dra-gpus",),
         ("NVDP_DRA_GPUS",),
         "list",
-        "the GPUs DRA owns: all (the default), or GPU indices / UUIDs (comma-separated)",
+        "the GPUs DRA owns when it is on: all, or GPU indices / UUIDs (comma-separated)",
     ),
     ConfigOption(
         "imex.required",

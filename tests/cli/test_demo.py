@@ -47,8 +47,8 @@ def demo_processes(output: str) -> list[str]:
     return found
 
 
-def test_there_are_eleven_presets_and_six_example_configs() -> None:
-    assert (len(preset_names()), len(EXAMPLES)) == (11, 6)
+def test_there_are_twelve_presets_and_six_example_configs() -> None:
+    assert (len(preset_names()), len(EXAMPLES)) == (12, 6)
 
 
 @pytest.mark.parametrize("config", EXAMPLES)
