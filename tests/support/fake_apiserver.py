@@ -4,6 +4,10 @@ It answers `GET /api/v1/nodes?fieldSelector=metadata.name=<node>` with a NodeLis
 `watch=true` with a stream of JSON lines (`{"type": "MODIFIED", "object": <Node>}`) that a test feeds:
 label changes, a stream end (the client reconnects from the last resourceVersion), and an ERROR event with
 a 410 Status (the client lists again). Every loop is bounded and the server stops on exit.
+
+ResourceClaims (resource.k8s.io/v1) are served by `ResourceClaims` (the `claims` attribute): `GET
+/apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>` answers the claim a test put there, 404
+for one it did not, or the failure a test set.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class FakeApiServer:
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
         self.requests: list[dict[str, list[str]]] = []  # query of each request, in order
+        self.claims = ResourceClaims()
         self.feed: queue.Queue[object] = queue.Queue()
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -92,6 +97,9 @@ class FakeApiServer:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if (answer := fake.claims.answer(url.path)) is not None:
+                    self._send(*answer)
+                    return
                 query = parse_qs(url.query)
                 fake.requests.append(query)
                 if url.path != "/api/v1/nodes" or query.get("fieldSelector") != [f"metadata.name={NODE}"]:
@@ -160,6 +168,57 @@ class FakeApiServer:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
+
+
+class ResourceClaims:
+    """The ResourceClaims the stand-in serves, by namespace and name; `reads` records each GET."""
+
+    PREFIX = "/apis/resource.k8s.io/v1/namespaces/"
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stored: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads: list[tuple[str, str]] = []
+        self.failure: tuple[int, str] | None = None  # (HTTP status, message) every read answers instead
+
+    def put(self, claim: dict[str, Any]) -> None:
+        meta = claim["metadata"]
+        with self.lock:
+            self.stored[(meta["namespace"], meta["name"])] = copy.deepcopy(claim)
+
+    def delete(self, namespace: str, name: str) -> None:
+        with self.lock:
+            self.stored.pop((namespace, name), None)
+
+    def answer(self, path: str) -> tuple[int, dict[str, Any]] | None:
+        """(status, body) for a claim path; None for any other path (the node routes answer it)."""
+        if not path.startswith(self.PREFIX):
+            return None
+        parts = path.removeprefix(self.PREFIX).split("/")
+        if len(parts) != 3 or parts[1] != "resourceclaims":
+            return 404, _status(404, "NotFound", f"unexpected {path}")
+        namespace, _, name = parts
+        with self.lock:
+            self.reads.append((namespace, name))
+            if self.failure is not None:
+                code, message = self.failure
+                return code, _status(code, "InternalError" if code >= 500 else "Forbidden", message)
+            claim = self.stored.get((namespace, name))
+        if claim is None:
+            message = f'resourceclaims.resource.k8s.io "{name}" not found'
+            return 404, _status(404, "NotFound", message)
+        return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim}
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def write_kubeconfig(path: Path, server_url: str) -> Path:
