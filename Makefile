@@ -1,10 +1,15 @@
 # Every target creates .venv on first use, so a fresh machine needs only `make demo` or `make test`.
-PYTHON ?= python3
+# The chart tests render deployments/helm with helm-sdkpy (Helm's Go library), which needs Python >= 3.12, so the
+# venv is built with the newest 3.12 that pyenv has, else python3.12 on PATH, else python3 (then the chart tests
+# fail, saying so). Override with `make PYTHON=/path/to/python3.12 ...`.
+PYTHON ?= $(shell v=$$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12(\.[0-9]+)?$$' | tail -n1); \
+	{ [ -n "$$v" ] && PYENV_VERSION=$$v pyenv which python3.12; } 2>/dev/null || \
+	{ python3.12 -c '' 2>/dev/null && echo python3.12; } || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit proto bench soak image image-multiarch clean
+.PHONY: demo test lint typecheck unit proto bench soak manifests image image-multiarch image-test clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -43,16 +48,30 @@ bench: $(STAMP)
 soak: $(STAMP)
 	NVDP_SOAK=1 $(BIN)/pytest -m soak -p no:cacheprovider --timeout 3600 tests
 
-# Image builds. IMAGE: the repository to tag (and, for image-multiarch, push to); BASE_DIGEST: the digest the
-# Dockerfile's base is pinned to, recorded in the org.opencontainers.image.base.digest label.
-IMAGE ?= nvidia-device-plugin-py
+# manifests/ from the Helm chart: each preset in deployments/helm/presets rendered by the real Helm engine.
+# `make test` fails while the committed files and the chart disagree (tests/deploy/test_chart.py).
+manifests: $(STAMP)
+	$(BIN)/python tests/deploy/render_manifests.py
+
+# Image builds. IMAGE: the repository to tag (and, for image-multiarch, push to), the chart's image.repository
+# default; BASE_IMAGE: the Dockerfile's base (pin it by digest, then pass that digest as BASE_DIGEST, recorded in
+# the org.opencontainers.image.base.digest label); PIP_INDEX, PIP_EXTRA_INDEX: package indexes; PIP_CA_FILE: a
+# PEM file of CAs pip must trust (a TLS-intercepting proxy, a private index). All optional.
+IMAGE ?= registry.example.com/gpu/nvidia-device-plugin-py
 PLATFORMS ?= linux/amd64,linux/arm64
+BASE_IMAGE ?=
 BASE_DIGEST ?=
+PIP_INDEX ?=
+PIP_EXTRA_INDEX ?=
+PIP_CA_FILE ?=
 VERSION = $$(sed -n 's/^__version__ = "\(.*\)"/\1/p' nvidia_device_plugin/__init__.py)
 REVISION = $$(git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE = $$(git remote get-url origin 2>/dev/null || echo "")
 IMAGE_ARGS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
-	--build-arg BASE_DIGEST=$(BASE_DIGEST)
+	--build-arg BASE_DIGEST=$(BASE_DIGEST) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	$(if $(PIP_INDEX),--build-arg PIP_INDEX=$(PIP_INDEX)) \
+	$(if $(PIP_EXTRA_INDEX),--build-arg PIP_EXTRA_INDEX=$(PIP_EXTRA_INDEX)) \
+	$(if $(PIP_CA_FILE),--build-arg PIP_CA_BUNDLE="$$(cat $(PIP_CA_FILE))")
 
 # One image for this machine's architecture, into the local Docker engine (classic builder or BuildKit).
 image:
@@ -62,6 +81,13 @@ image:
 # be loaded into a local engine. Needs `docker buildx` and, for the other architecture, QEMU binfmt handlers.
 image-multiarch:
 	docker buildx build --platform $(PLATFORMS) $(IMAGE_ARGS) -t $(IMAGE):$(VERSION) --push .
+
+# Build the image with Debian's buildah on a base made locally (mmdebstrap; no registry needed) and run it under
+# the DaemonSet's security context against the kubelet stand-in (image/image-test.sh; installs the tools with
+# apt-get if missing). Prints the image size and start-to-registered time (also in build/image-test.json).
+image-test: $(STAMP)
+	PYTHON=$(BIN)/python BASE_IMAGE=$(BASE_IMAGE) PIP_INDEX=$(PIP_INDEX) PIP_EXTRA_INDEX=$(PIP_EXTRA_INDEX) \
+		PIP_CA_FILE=$(PIP_CA_FILE) image/image-test.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

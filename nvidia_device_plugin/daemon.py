@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.cdi.model import CdiError
+from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
 from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
@@ -37,8 +39,8 @@ from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
-from nvidia_device_plugin.serving.allocate import imex_problem, imex_summary
 from nvidia_device_plugin.serving.backend import GpuResourceBackend
+from nvidia_device_plugin.serving.imex import imex_problem, imex_summary
 from nvidia_device_plugin.sharing.mps import shared_devices
 from nvidia_device_plugin.sharing.readiness import (
     DEFAULT_POLL_INTERVAL_S,
@@ -78,12 +80,15 @@ class Daemon:
         self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, events=self.metrics)
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
-        self.cdi = CdiPublisher()  # CDI specs of the served snapshot (cdi-annotations / cdi-cri)
+        # CDI specs of the served snapshot (cdi-annotations / cdi-cri), keeping the names kubelet's
+        # checkpoint still holds; `_cdi_retrying`: why a reload is being retried for CDI, while it is.
+        self.cdi = CdiPublisher(options.plugin_dir / CHECKPOINT_FILE)
+        self._cdi_retrying: str | None = None
         self._discovery = FailureLog(log)  # discovery problems and MIG violations, each logged once
         self.reloads = SnapshotFollower(
             options.load_config,
             self._apply_reload,
-            check=_servable,
+            check=self._servable,
             kept="still serving the previous config",
             on_result=self.metrics.config_reloaded,
         )
@@ -161,6 +166,9 @@ class Daemon:
         mark_lost_at_start_up(self.registry, snapshot.inventory)
         self._serve(snapshot)
         self._watch_health(snapshot)
+        if self.cdi.problem is not None:  # a driver root mounted late, say: retried with backoff
+            log.error("%s; serving no resources, retrying with backoff", self.cdi.problem)
+            self.reloads.retry_later("CDI specs could not be made at start", cdi=True)
 
     def _on_config_file_changed(self) -> None:
         self.reload("config file changed")
@@ -193,7 +201,11 @@ class Daemon:
         """None when every served resource is registered with kubelet; otherwise what is missing."""
         manager = self.manager
         if self.cdi.problem is not None:
-            return f"not ready: {self.cdi.problem}"
+            return f"not ready: {self.cdi.problem}; retrying with backoff"
+        if self._cdi_retrying is not None:
+            return (
+                f"not ready: {self._cdi_retrying}; still serving the previous config, retrying with backoff"
+            )
         if manager.all_registered():
             return None
         served = manager.served()
@@ -211,6 +223,9 @@ class Daemon:
 
     def _apply_reload(self, snapshot: Snapshot, old: Snapshot) -> None:
         """Serve `snapshot` in place of `old` (the follower holds its lock)."""
+        if self._cdi_retrying is not None:
+            log.info("CDI specs can be made again; serving resources")
+        self._cdi_retrying = None
         self._report_discovery(snapshot)
         mark_lost_at_start_up(self.registry, snapshot.inventory)
         _announce_config(snapshot, old)
@@ -229,6 +244,26 @@ class Daemon:
             self._discovery.report(f"mig {violation.gpu_uuid} {violation.strategy}", violation.message)
 
     # ---- internals --------------------------------------------------------------------------
+
+    def _servable(self, snapshot: Snapshot) -> Snapshot:
+        """`snapshot` with its CDI specs written, unless its config asks for what this node cannot give.
+
+        Required IMEX channels missing: a ConfigError. CDI specs that cannot be made or written: on a
+        reload a CdiError, so the previous snapshot (and its specs) keep serving and the follower retries
+        with backoff; at start the daemon serves nothing, says why, and retries (`_start_serving`).
+        """
+        self._cdi_retrying = None  # until this snapshot's specs are known not to work
+        problem = imex_problem(snapshot.allocation)
+        if problem is not None:
+            raise ConfigError(problem)
+        first = self.snapshot is None
+        cdi_problem = snapshot.cdi.problem if snapshot.cdi is not None else None
+        if cdi_problem is None or first:
+            cdi_problem = self.cdi.publish(snapshot.cdi)
+        if cdi_problem is not None and not first:
+            self._cdi_retrying = cdi_problem
+            raise CdiError(cdi_problem)
+        return snapshot
 
     def _serve(self, snapshot: Snapshot) -> None:
         # Read MPS readiness before the new lists are served, so the first list is already right.
@@ -250,9 +285,10 @@ class Daemon:
             )
             for plan in snapshot.plans
         }
-        # Written before the servers see the new plans, so every name Allocate returns is defined; when
-        # the specs cannot be made, no resource is served rather than names no runtime resolves.
-        if self.cdi.publish(snapshot.cdi) is not None:
+        # The specs were written (by _servable) before the servers see the new plans, so every name
+        # Allocate returns is defined; when they cannot be made at start, no resource is served rather
+        # than names no runtime resolves.
+        if self.cdi.problem is not None:
             specs = {}
         self.snapshot = snapshot
         self.manager.apply(specs)
@@ -315,14 +351,6 @@ class Daemon:
             )
         for name in affected:
             self.manager.notify(name)
-
-
-def _servable(snapshot: Snapshot) -> Snapshot:
-    """`snapshot`, unless its config asks for what this node cannot give (required IMEX channels)."""
-    problem = imex_problem(snapshot.allocation)
-    if problem is not None:
-        raise ConfigError(problem)
-    return snapshot
 
 
 def _announce_config(snapshot: Snapshot, old: Snapshot | None) -> None:

@@ -60,6 +60,27 @@ class MigAttributes:
 
 
 @dataclass(frozen=True)
+class GpuFabric:
+    """Where a GPU sits on a multi-node NVLink fabric (GB200/GB300 NVL, fabric-attached H100/H200).
+
+    Only GPUs that nvmlDeviceGetGpuFabricInfo reports as attached (fabric registration completed, with
+    success, under a cluster UUID that is not all zero) have one; GPUs with the same cluster UUID and clique
+    ID reach each other over NVLink across nodes.
+    """
+
+    cluster_uuid: str  # the fabric's cluster UUID, "8-4-4-4-12" lowercase hex
+    clique_id: int
+
+
+@dataclass(frozen=True)
+class VgpuInfo:
+    """A vGPU: a GPU the hypervisor's vGPU manager shares, as its PCI config space says (GFD's vgpu.*)."""
+
+    host_driver_version: str  # the vGPU manager's driver on the host, e.g. "550.54.16"
+    host_driver_branch: str  # e.g. "r550_40"
+
+
+@dataclass(frozen=True)
 class Gpu:
     """A physical GPU."""
 
@@ -78,6 +99,9 @@ class Gpu:
     pci_class: str | None = None  # sysfs PCI class, "0x030200" (3D controller) or "0x030000" (VGA)
     mig_capable: bool = False  # nvmlDeviceGetMigMode answered (MIG can be enabled on it)
     nvswitch_links: int = 0  # NVLinks from this GPU to NVSwitches
+    fabric: GpuFabric | None = None  # None: not attached to an NVLink fabric, or NVML would not say
+    vgpu: VgpuInfo | None = None  # None: not a vGPU, or its PCI config space could not be read whole
+    vgpu_checked: bool = False  # its PCI config space was read whole, so `vgpu` is known
 
     @property
     def label(self) -> str:

@@ -11,11 +11,16 @@ CDI specs (cdi/) both read these facts, so a device spec and a CDI device name t
   instance. N comes from discovery (`MigDevice.caps_minors`, read from nvidia-caps/mig-minors) or else
   from the `DeviceFileMinor:` line of <procRoot>/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]
   /access;
-* the IMEX channels /dev/nvidia-caps-imex-channels/channel<id> that the config names and the node has.
+* the IMEX channels /dev/nvidia-caps-imex-channels/channel<id> that the config names and the node has;
+* with nvidia-drm loaded, a GPU's DRM nodes /dev/dri/card<N> and /dev/dri/renderD<M>: the entries named
+  card* and renderD* under its PCI device in sysfs (bus/pci/devices/<bus id>/drm/), as NVIDIA's toolkit
+  finds them, each given only where it exists; and udev's /dev/dri/by-path/pci-<bus id>-card / -render
+  links to them, which a CDI spec recreates in the container.
 """
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +32,8 @@ CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-to
 MIG_CAPS_DEVICE_DIR = "/dev/nvidia-caps"
 IMEX_CHANNEL_DEVICE_DIR = "/dev/nvidia-caps-imex-channels"
 _MIG_CAPABILITIES_DIR = "driver/nvidia/capabilities"  # under the proc root
+DRM_DEVICE_DIR = "/dev/dri"
+_DRM_NODE_PREFIXES = ("card", "renderD")  # in this order, as NVIDIA lists them
 
 
 def under(root: str, path: str) -> str:
@@ -95,3 +102,44 @@ def imex_channel_path(channel_id: int) -> str:
 def present_imex_channels(channel_ids: Sequence[int], probe_root: str) -> list[str]:
     """The IMEX channel nodes of `channel_ids` that exist on this node, in that order."""
     return [path for path in map(imex_channel_path, channel_ids) if exists(probe_root, path)]
+
+
+def sysfs_pci_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:07:00.0" as sysfs names the device: "0000:07:00.0" (4-digit domain, lower case)."""
+    domain, _, rest = nvml_bus_id.lower().partition(":")
+    return f"{domain[-4:]}:{rest}"
+
+
+def drm_device_nodes(nvml_bus_id: str, sysfs_root: str, probe_root: str) -> tuple[str, ...]:
+    """The DRM nodes of the GPU at `nvml_bus_id` that exist: its card* nodes, then its renderD* nodes.
+
+    None without nvidia-drm (no drm/ directory under the PCI device): an empty tuple, not an error.
+    """
+    drm = Path(sysfs_root) / "bus/pci/devices" / sysfs_pci_bus_id(nvml_bus_id) / "drm"
+    try:
+        names = os.listdir(drm)
+    except OSError:
+        return ()
+    nodes = [
+        posixpath.join(DRM_DEVICE_DIR, name)
+        for prefix in _DRM_NODE_PREFIXES
+        for name in sorted(n for n in names if n.startswith(prefix))
+    ]
+    return tuple(node for node in nodes if exists(probe_root, node))
+
+
+def drm_by_path_links(nvml_bus_id: str, nodes: Sequence[str], probe_root: str) -> tuple[tuple[str, str], ...]:
+    """udev's by-path links of the GPU at `nvml_bus_id` that point at one of `nodes`: (target, link) pairs.
+
+    The target is the link's own text ("../card1"), as the container gets the same relative link.
+    """
+    links = []
+    for kind in ("card", "render"):
+        link = f"{DRM_DEVICE_DIR}/by-path/pci-{sysfs_pci_bus_id(nvml_bus_id)}-{kind}"
+        try:
+            target = os.readlink(under(probe_root, link))
+        except OSError:
+            continue
+        if posixpath.normpath(posixpath.join(posixpath.dirname(link), target)) in nodes:
+            links.append((target, link))
+    return tuple(links)

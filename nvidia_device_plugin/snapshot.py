@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from nvidia_device_plugin.cdi.model import CdiPlan
+from nvidia_device_plugin.cdi.model import CdiError, CdiPlan
 from nvidia_device_plugin.cdi.spec import plan_cdi
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.device_lists import check_device_list_sizes
@@ -59,8 +59,8 @@ def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | N
     violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
     plans = build_resources(inventory, config, violations)
     check_device_list_sizes(plans)
-    allocation = AllocationSettings.from_config(config, session.host)
     cdi = plan_cdi(inventory, plans, config, session.host)
+    allocation = AllocationSettings.from_config(config, session.host, cdi)  # names what the CDI specs define
     return Snapshot(config, inventory, plans, allocation, violations, cdi)
 
 
@@ -98,7 +98,8 @@ def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
 
 # ---- the follower: how a running daemon moves from one snapshot to the next ---------------------------
 
-# A reload rejected for a transient reason (NVML failing during discovery) is retried with this backoff.
+# A reload rejected for a transient reason (NVML failing during discovery, the node's CDI files briefly
+# unusable) is retried with this backoff.
 RELOAD_RETRY_MIN_S = 1.0
 RELOAD_RETRY_MAX_S = 60.0
 
@@ -122,7 +123,9 @@ class SnapshotFollower:
       inventory as `previous` (a GPU NVML can no longer open is carried over as lost, see build_snapshot);
     * any error keeps the last good snapshot, with one log line saying what is kept and why;
     * a reload that NVML made fail is retried by itself (the "reload-retry" worker, which the daemon owns),
-      RELOAD_RETRY_MIN_S doubling to RELOAD_RETRY_MAX_S; a reload that lands resets the delay;
+      RELOAD_RETRY_MIN_S doubling to RELOAD_RETRY_MAX_S; a reload that lands resets the delay. So is one
+      that `check` refused with a CdiError (a driver root or spec directory briefly unusable), whose
+      rejection is logged once per distinct reason; `retry_later` asks for such a retry from outside;
     * reloads run one at a time, and the daemon's first serve holds `lock` too, so a change that lands
       during start-up waits for the first snapshot.
 
@@ -149,6 +152,7 @@ class SnapshotFollower:
         self._session: NvmlSession | None = None
         self._current: Snapshot | None = None
         self._retry_delay_s = RELOAD_RETRY_MIN_S
+        self._cdi_rejection: str | None = None  # the CDI reason last logged (logged once per reason)
 
     def first(self, session: NvmlSession, config: Config) -> Snapshot:
         """The first snapshot, which the caller serves holding `lock`; raises as build_snapshot does."""
@@ -166,12 +170,18 @@ class SnapshotFollower:
                 snapshot = self._check(build_snapshot(session, self._load_config(), previous=old.inventory))
             except Exception as exc:  # whatever went wrong, the last good snapshot stays
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
-                log.error("config reload (%s) rejected, %s: %s", reason, self._kept, message)
+                line = f"config reload ({reason}) rejected, {self._kept}: {message}"
+                if not isinstance(exc, CdiError):
+                    log.error("%s", line)
+                elif message != self._cdi_rejection:
+                    log.error("%s; retrying with backoff", line)
+                self._cdi_rejection = message if isinstance(exc, CdiError) else None
                 self._on_result(False, message)
-                if isinstance(exc, NvmlError):
-                    self._retry_later(reason)
+                if isinstance(exc, NvmlError | CdiError):
+                    self.retry_later(reason, cdi=isinstance(exc, CdiError))
                 return False
             self._retry_delay_s = RELOAD_RETRY_MIN_S
+            self._cdi_rejection = None
             self._apply(snapshot, old)
             self._current = snapshot
             log.info(
@@ -182,11 +192,15 @@ class SnapshotFollower:
             self._on_result(True, "")
             return True
 
-    def _retry_later(self, reason: str) -> None:
+    def retry_later(self, reason: str, cdi: bool = False) -> None:
+        """Reload again after the current backoff delay (which then doubles, up to the cap)."""
         delay = self._retry_delay_s
         if self.retry.schedule(delay, f"retry of: {reason}"):
             self._retry_delay_s = min(delay * 2, RELOAD_RETRY_MAX_S)
-            log.info("retrying the config reload in %gs (NVML failed during discovery)", delay)
+            if cdi:  # its one line said so already
+                log.debug("retrying the config reload in %gs (CDI specs could not be made)", delay)
+            else:
+                log.info("retrying the config reload in %gs (NVML failed during discovery)", delay)
 
 
 class ReloadRetry(Worker):

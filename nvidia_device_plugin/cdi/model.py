@@ -1,8 +1,8 @@
 """The CDI names Allocate and the specs share, and the values passed between the CDI modules.
 
-The vendor, the device classes (`gpu`, and the extra classes `gdrcopy`, `gds`, `mofed`) and the name a
-device has (`runtime_device_id`) are decided here, for Allocate (serving/) and the spec generation alike;
-then the settings spec generation reads, a spec, and a plan of specs.
+The vendor, the device classes (`gpu`, `imex-channel`, and the extra classes `gdrcopy`, `gds`, `mofed`)
+and the name a device has (`runtime_device_id`) are decided here, for Allocate (serving/) and the spec
+generation alike; then the settings spec generation reads, a mount, a spec, and a plan of specs.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from nvidia_device_plugin.resources import AdvertisedDevice
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 GPU_CLASS = "gpu"  # every GPU and MIG device Allocate names, as in NVIDIA's plugin
-# The lowest CDI version with every field the specs use (deviceNodes[].hostPath arrived in 0.5.0); the
-# CDI library refuses a spec whose version is below what its fields need, and old runtimes refuse newer ones.
-CDI_VERSION = "0.5.0"
+IMEX_CLASS = "imex-channel"  # one device per IMEX channel, named by its ID ("0"), as in NVIDIA v0.20
+# NVIDIA's options for the driver's files (its toolkit's discover.Mount), and for the Vulkan ICD / layer
+# files, which it mounts at a container path of its own (/etc/vulkan/...) with a plain bind.
+MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+CONTAINER_PATH_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,14 @@ class ExtraMode:
 
     name: str  # the CDI class, and the stem of its flag and of its NVIDIA_<NAME> variable
     device_node_globs: tuple[str, ...]  # under /dev: the nodes its device "all" holds
+    mounts: tuple[str, ...] = ()  # under the driver root, mounted when they exist and the nodes do
 
 
-# In the order Allocate names them, after the GPUs.
+# In the order Allocate names them, after the GPUs (NVIDIA's toolkit: discover/gdrcopy, gds, mofed).
 EXTRA_MODES = (
     ExtraMode("gdrcopy", ("gdrdrv",)),
-    ExtraMode("gds", ("nvidia-fs*",)),
-    ExtraMode("mofed", ("infiniband/*",)),
+    ExtraMode("gds", ("nvidia-fs*",), mounts=("/run/udev", "/etc/cufile.json")),
+    ExtraMode("mofed", ("infiniband/uverbs*", "infiniband/rdma_cm")),
 )
 
 
@@ -108,6 +111,15 @@ class CdiSettings:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """One file of the driver root a spec mounts: where it is under the root, where the container sees it."""
+
+    path: str  # under the driver root, absolute ("/usr/share/vulkan/icd.d/nvidia_icd.json")
+    container_path: str  # "/etc/vulkan/icd.d/nvidia_icd.json"; most files keep their path
+    options: tuple[str, ...] = MOUNT_OPTIONS
+
+
+@dataclass(frozen=True)
 class CdiSpec:
     """One spec file: its name in the spec directory and its JSON document."""
 
@@ -129,3 +141,5 @@ class CdiPlan:
     specs: tuple[CdiSpec, ...] = ()
     problem: str | None = None  # set: nothing can be served under a CDI strategy
     notes: tuple[str, ...] = ()  # settings accepted but without effect here, for one log line each
+    imex_channels: tuple[int, ...] = ()  # the IMEX channels the imex-channel spec defines (Allocate names)
+    extra_modes: tuple[str, ...] = ()  # the extra modes whose spec exists (Allocate names `<mode>=all`)

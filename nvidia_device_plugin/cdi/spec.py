@@ -1,48 +1,45 @@
 """CDI spec documents from a snapshot's plans and a scan of the node (`generate_specs` is pure).
 
 The `gpu` class defines one device per physical device Allocate can name, under the name Allocate uses
-(`runtime_device_id`: the GPU or MIG UUID, or "3" / "3:1" with `deviceIDStrategy: index`), and "all". MIG
-devices are in the `gpu` class too, as in NVIDIA's plugin, since Allocate names them `gpu=<id>`. Each
-device's edits carry its device nodes; the spec's common edits carry the control nodes, the driver's
-libraries, binaries and firmware as read-only bind mounts, and NVIDIA's hooks (create-symlinks,
-update-ldcache) run through `nvidiaCTKPath`. `gdrcopyEnabled` / `gdsEnabled` / `mofedEnabled` add one spec
-each (class `gdrcopy`, `gds`, `mofed`) with the device "all", which Allocate names after the GPUs.
+(`runtime_device_id`: the GPU or MIG UUID, or "3" / "3:1" with `deviceIDStrategy: index`); MIG devices
+are in the `gpu` class too, and there is no device "all", as in NVIDIA's plugin spec. Each device's edits
+carry its device nodes (a GPU's DRM nodes too) and a create-symlinks hook for its /dev/dri/by-path links.
+The spec's common edits carry the control nodes, the driver's files as read-only mounts (edits.py), and
+NVIDIA's hooks, run through `nvidiaCTKPath`. With IMEX channels configured and present, class
+`imex-channel` defines one device per channel ("0"). `gdrcopyEnabled` / `gdsEnabled` / `mofedEnabled`
+add one spec each (class `gdrcopy`, `gds`, `mofed`) with the device "all", which Allocate names after the
+GPUs and IMEX channels; where the mode's kernel nodes are absent its spec would be empty, so it is left
+out (with a note) and not named, as NVIDIA drops an empty spec and still serves the GPUs. Each document
+declares the lowest cdiVersion its features need (version.py).
 """
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nvidia_device_plugin.cdi.edits import common_edits, device_edits, node_edit, settings_notes
 from nvidia_device_plugin.cdi.model import (
     CDI_VENDOR,
-    CDI_VERSION,
     GPU_CLASS,
+    IMEX_CLASS,
     CdiError,
     CdiPlan,
     CdiSettings,
     CdiSpec,
+    Mount,
     cdi_kind,
+    extra_mode,
     runtime_device_id,
 )
 from nvidia_device_plugin.cdi.scan import NodeScan, scan_node
+from nvidia_device_plugin.cdi.version import minimum_version
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.devnodes import under
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.resources import ResourcePlan
-
-# Hooks these specs can carry; cdiDisableHooks names them (or "all"). NVIDIA's toolkit knows a few more,
-# which these specs never carry, so disabling them is accepted and changes nothing.
-GENERATED_HOOKS = ("create-symlinks", "update-ldcache")
-OTHER_KNOWN_HOOKS = ("enable-cuda-compat", "disable-device-node-modification", "chmod")
-# cdiFeatureFlags with an effect here; others are accepted with a note.
-FEATURE_PERSISTENCED_SOCKET = "include-persistenced-socket"
-MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
-# Tells the legacy nvidia-container-runtime hook not to inject devices a second time.
-VISIBLE_DEVICES_VOID = "NVIDIA_VISIBLE_DEVICES=void"
 
 
 def plan_cdi(
@@ -62,110 +59,79 @@ def plan_cdi(
     notes = settings_notes(settings)
     driver_root = host.driver_root if host.driver_root is not None else Path(settings.container_driver_root)
     devices = [d for plan in plans for d in plan.devices]
+    channels = config.imex.channel_ids
     try:
-        scan = scan_node(inventory, devices, driver_root, host.dev_root, host.proc_root, settings.extra_modes)
+        scan = scan_node(inventory, devices, driver_root, host, settings.extra_modes, channels)
         specs = generate_specs(plans, settings, scan)
     except CdiError as exc:
         return CdiPlan(spec_dir, problem=f"cannot generate the CDI spec: {exc}", notes=notes)
-    return CdiPlan(spec_dir, specs=specs, notes=notes)
+    dropped = [m for m in settings.extra_modes if not scan.extra_mode_nodes[m]]
+    return CdiPlan(
+        spec_dir,
+        specs=specs,
+        notes=notes + tuple(_dropped_note(mode, host.dev_root) for mode in dropped),
+        imex_channels=tuple(scan.imex_channels),
+        extra_modes=tuple(m for m in settings.extra_modes if m not in dropped),
+    )
 
 
-def settings_notes(settings: CdiSettings) -> tuple[str, ...]:
-    notes = []
-    known = {"all", *GENERATED_HOOKS, *OTHER_KNOWN_HOOKS}
-    for hook in settings.disabled_hooks:
-        if hook not in known:
-            notes.append(
-                f"cdiDisableHooks: unknown hook {hook!r} ignored (known: {', '.join(sorted(known))})"
-            )
-    for flag in settings.feature_flags:
-        if flag != FEATURE_PERSISTENCED_SOCKET:
-            notes.append(
-                f"cdiFeatureFlags: {flag!r} has no effect on this plugin's specs (supported: "
-                f"{FEATURE_PERSISTENCED_SOCKET})"
-            )
-    return tuple(notes)
+def _dropped_note(mode: str, dev_root: Path) -> str:
+    wanted = ", ".join(f"/dev/{p}" for p in extra_mode(mode).device_node_globs)
+    return (
+        f"{mode}Enabled is true but no {wanted} exists under {dev_root}: the {mode} spec would be empty, "
+        f"so it is left out and containers get no {mode} devices (as NVIDIA's plugin does); load the "
+        f"{mode} kernel module, or set {mode}Enabled to false"
+    )
 
 
 def generate_specs(
     plans: Sequence[ResourcePlan], settings: CdiSettings, scan: NodeScan
 ) -> tuple[CdiSpec, ...]:
-    """The `gpu` spec and one spec per extra mode; pure (every fact about the node comes from `scan`)."""
-    devices: dict[str, list[str]] = {}
+    """The `gpu` spec, the `imex-channel` spec and one per extra mode with nodes; pure (every fact about
+    the node comes from `scan`)."""
+    entries: dict[str, dict[str, Any]] = {}
     for plan in plans:
         for dev in plan.devices:
             name = runtime_device_id(dev, settings.device_id_strategy)
-            if name not in devices:
-                devices[name] = list(scan.device_nodes[dev.physical_uuid])
-    everything = list(dict.fromkeys(node for nodes in devices.values() for node in nodes))
-    entries = [_device(name, nodes, settings) for name, nodes in devices.items()]
-    if entries:
-        entries.append(_device("all", everything, settings))
+            if name not in entries:
+                uuid = dev.physical_uuid
+                edits = device_edits(scan.device_nodes[uuid], scan.device_links[uuid], settings)
+                entries[name] = {"name": name, "containerEdits": edits}
     specs = []
     if entries:
-        specs.append(_spec(GPU_CLASS, entries, _common_edits(settings, scan)))
+        specs.append(make_spec(GPU_CLASS, list(entries.values()), common_edits(settings, scan)))
+    if scan.imex_channels:
+        channels = [
+            {"name": str(channel), "containerEdits": {"deviceNodes": [node_edit(path, settings)]}}
+            for channel, path in scan.imex_channels.items()
+        ]
+        specs.append(make_spec(IMEX_CLASS, channels, None))
     for mode in settings.extra_modes:
-        specs.append(_spec(mode, [_device("all", list(scan.extra_mode_nodes[mode]), settings)], None))
+        if scan.extra_mode_nodes[mode]:
+            specs.append(make_spec(mode, [_extra_device(mode, scan, settings)], None))
     return tuple(specs)
 
 
-def _spec(cdi_class: str, devices: list[dict[str, Any]], common: dict[str, Any] | None) -> CdiSpec:
+def _extra_device(mode: str, scan: NodeScan, settings: CdiSettings) -> dict[str, Any]:
+    edits: dict[str, Any] = {"deviceNodes": [node_edit(p, settings) for p in scan.extra_mode_nodes[mode]]}
+    mounts = [Mount(path, path) for path in scan.extra_mode_mounts.get(mode, ())]
+    if mounts:
+        edits["mounts"] = [
+            {
+                "hostPath": under(settings.nvidia_driver_root, m.path),
+                "containerPath": m.container_path,
+                "options": list(m.options),
+            }
+            for m in mounts
+        ]
+    return {"name": "all", "containerEdits": edits}
+
+
+def make_spec(cdi_class: str, devices: list[dict[str, Any]], common: dict[str, Any] | None) -> CdiSpec:
+    """The spec of class `cdi_class` defining `devices`, at the lowest cdiVersion its fields allow."""
     kind = cdi_kind(cdi_class)
-    document: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices}
+    document: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": devices}
     if common:
         document["containerEdits"] = common
+    document["cdiVersion"] = minimum_version(document)
     return CdiSpec(file_name=f"{CDI_VENDOR}-{cdi_class}.json", kind=kind, document=document)
-
-
-def _device(name: str, nodes: list[str], settings: CdiSettings) -> dict[str, Any]:
-    return {"name": name, "containerEdits": {"deviceNodes": [_node(p, settings) for p in nodes]}}
-
-
-def _node(path: str, settings: CdiSettings) -> dict[str, Any]:
-    return {"path": path, "hostPath": under(settings.nvidia_dev_root, path)}
-
-
-def _common_edits(settings: CdiSettings, scan: NodeScan) -> dict[str, Any]:
-    driver = scan.driver
-    files = [*driver.libraries, *driver.binaries, *driver.firmware]
-    if FEATURE_PERSISTENCED_SOCKET in settings.feature_flags and driver.persistenced_socket:
-        files.append(driver.persistenced_socket)
-    edits: dict[str, Any] = {
-        "env": [VISIBLE_DEVICES_VOID],
-        "deviceNodes": [_node(p, settings) for p in scan.control_nodes],
-        "mounts": [
-            {
-                "hostPath": under(settings.nvidia_driver_root, path),
-                "containerPath": path,
-                "options": list(MOUNT_OPTIONS),
-            }
-            for path in files
-        ],
-    }
-    hooks = _hooks(settings, scan)
-    if hooks:
-        edits["hooks"] = hooks
-    return edits
-
-
-def _hooks(settings: CdiSettings, scan: NodeScan) -> list[dict[str, Any]]:
-    disabled = set(settings.disabled_hooks)
-    if "all" in disabled:
-        return []
-    driver = scan.driver
-    hooks = []
-    cuda = next((lib for lib in driver.libraries if posixpath.basename(lib).startswith("libcuda.so.")), None)
-    if "create-symlinks" not in disabled and cuda is not None:
-        link = posixpath.join(posixpath.dirname(cuda), "libcuda.so")
-        hooks.append(_hook(settings, "create-symlinks", "--link", f"libcuda.so.1::{link}"))
-    if "update-ldcache" not in disabled and driver.library_dirs:
-        folders = [arg for folder in driver.library_dirs for arg in ("--folder", folder)]
-        hooks.append(_hook(settings, "update-ldcache", *folders))
-    return hooks
-
-
-def _hook(settings: CdiSettings, name: str, *args: str) -> dict[str, Any]:
-    program = posixpath.basename(settings.hook_path)
-    # nvidia-ctk runs hooks as `nvidia-ctk hook <name>`; the standalone nvidia-cdi-hook as `<name>`.
-    prefix = [program, "hook"] if program == "nvidia-ctk" else [program]
-    return {"hookName": "createContainer", "path": settings.hook_path, "args": [*prefix, name, *args]}

@@ -3,7 +3,9 @@
 A spec is written to a temporary file in the same directory and renamed over the old one, so a runtime
 never reads half a spec; files are 0644 (runtimes read them as another user). Ours are the files named
 `k8s.device-plugin.nvidia.com-<class>.json` (and our temporary files): any of them not in the current set
-is removed after the new ones are in place, so no spec names a device the node no longer has.
+is removed after the new ones are in place. A name a spec of ours defined stays defined, though, while
+kubelet's checkpoint still holds a response naming it (retention.py): a running pod's container restarts
+with the names it was admitted with, whatever the config says now.
 """
 
 from __future__ import annotations
@@ -14,9 +16,17 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nvidia_device_plugin.atomicfile import replace_file
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiPlan, CdiSpec
+from nvidia_device_plugin.cdi.retention import (
+    MAX_SPEC_BYTES,
+    names_in_use,
+    read_bounded,
+    retain,
+    spec_document,
+)
 from nvidia_device_plugin.logs import FailureLog
 
 log = logging.getLogger(__name__)
@@ -24,7 +34,6 @@ log = logging.getLogger(__name__)
 SPEC_FILE_MODE = 0o644
 _OURS_PREFIX = f"{CDI_VENDOR}-"
 _TEMP_PREFIX = f".{CDI_VENDOR}-"
-_PROBLEM = "problem"  # the FailureLog key of why nothing can be served
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,30 @@ def write_specs(spec_dir: Path, specs: Sequence[CdiSpec]) -> WriteResult:
     keep = {spec.file_name for spec in specs}
     removed = remove_specs(spec_dir, keep)
     return WriteResult(tuple(written), removed)
+
+
+def our_spec_files(spec_dir: Path) -> list[str]:
+    """The names of our spec files in `spec_dir` (none when it does not exist)."""
+    try:
+        names = os.listdir(spec_dir)
+    except (FileNotFoundError, NotADirectoryError):  # none yet (write_specs says why it cannot make it)
+        return []
+    except OSError as exc:
+        raise CdiError(f"cannot read the CDI spec directory {spec_dir}: {exc.strerror or exc}") from exc
+    return sorted(n for n in names if n.startswith(_OURS_PREFIX) and n.endswith(".json"))
+
+
+def read_our_specs(spec_dir: Path) -> dict[str, dict[str, Any]]:
+    """Our spec documents in `spec_dir` (file name -> document); files that are not specs are left out."""
+    documents = {}
+    for name in our_spec_files(spec_dir):
+        try:
+            document = spec_document(read_bounded(spec_dir / name, MAX_SPEC_BYTES, follow=False))
+        except (OSError, CdiError):
+            continue
+        if document is not None:
+            documents[name] = document
+    return documents
 
 
 def remove_specs(spec_dir: Path, keep: set[str] | frozenset[str] = frozenset()) -> tuple[str, ...]:
@@ -80,10 +113,11 @@ def remove_specs(spec_dir: Path, keep: set[str] | frozenset[str] = frozenset()) 
 
 def _write_if_changed(path: Path, text: str) -> bool:
     try:
-        if path.read_text() == text and (path.stat().st_mode & 0o777) == SPEC_FILE_MODE:
+        same = read_bounded(path, MAX_SPEC_BYTES, follow=False) == text.encode()
+        if same and (path.stat().st_mode & 0o777) == SPEC_FILE_MODE:
             return False
-    except OSError:
-        pass  # missing or unreadable: (re)write it
+    except (OSError, CdiError):
+        pass  # missing, unreadable or not a regular file: (re)write it
     try:
         replace_file(path, text, SPEC_FILE_MODE)
     except OSError as exc:
@@ -92,65 +126,87 @@ def _write_if_changed(path: Path, text: str) -> bool:
 
 
 class CdiPublisher:
-    """Keeps the spec directory in step with the served snapshot; logs once per state change.
+    """Keeps the spec directories in step with the served snapshot; logs once per state change.
 
     `publish` returns None when every CDI name Allocate can return is defined by a written spec, else why
-    not; the daemon then serves no resource (Allocate would answer names no runtime can resolve).
+    not; the daemon then serves no resource (Allocate would answer names no runtime can resolve). Every
+    directory it has written to (or found specs of ours in) keeps the names kubelet may still replay.
+    `checkpoint` is kubelet's device-manager checkpoint; None: no kubelet holds any name.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint: Path | None = None) -> None:
         self.problem: str | None = None
-        self._dirs: set[Path] = set()  # where this process wrote specs: cleaned when no longer needed
+        self.kept: tuple[str, ...] = ()  # names defined only because admitted containers hold them
+        self._checkpoint = checkpoint
+        self._defined: dict[Path, dict[str, dict[str, Any]]] = {}  # directory -> file -> document
         self._failures = FailureLog(log)
 
     def publish(self, plan: CdiPlan | None) -> str | None:
-        if plan is None:  # no CDI strategy: our specs from earlier in this process are not needed
-            self._clean(self._dirs)
-            self._set_problem(None)
-            return None
-        for note in plan.notes:  # each logged once in the process's life
+        for note in plan.notes if plan is not None else ():  # each logged once in the process's life
             self._failures.report(f"note {note}", f"CDI: {note}")
-        spec_dir = Path(plan.spec_dir)
-        self._clean(self._dirs - {spec_dir})
-        problem = plan.problem
-        if problem is None:
-            try:
-                result = write_specs(spec_dir, plan.specs)
-            except CdiError as exc:
-                problem = f"cannot write the CDI spec: {exc}"
-            else:
-                self._dirs.add(spec_dir)
-                for name in result.written:
-                    spec = next(s for s in plan.specs if s.file_name == name)
-                    log.info(
-                        "CDI spec %s written: %d devices", spec_dir / name, len(spec.document["devices"])
-                    )
-                for name in result.removed:
-                    log.info("CDI spec %s removed: no longer needed", spec_dir / name)
-        if problem is not None:
-            # Never leave a spec that may name devices the node lacks.
-            self._clean({spec_dir, *self._dirs})
-        self._set_problem(problem)
+        wanted = Path(plan.spec_dir) if plan is not None else None
+        specs = plan.specs if plan is not None and plan.problem is None else ()
+        problem = plan.problem if plan is not None else None
+        in_use = self._in_use()
+        kept: list[str] = []
+        for directory in sorted({*self._defined, *([wanted] if wanted is not None else [])}):
+            failure = self._publish_dir(directory, specs if directory == wanted else (), in_use, kept)
+            if failure is not None and directory == wanted:
+                problem = problem or f"cannot write the CDI spec: {failure}"
+        self._report_kept(tuple(kept))
+        self.problem = problem
         return problem
 
-    def _clean(self, dirs: set[Path]) -> None:
-        for directory in sorted(dirs):
-            try:
-                removed = remove_specs(directory)
-            except CdiError as exc:
-                log.error("CDI: %s", exc)
-                continue
-            self._dirs.discard(directory)
-            for name in removed:
-                log.info("CDI spec %s removed: no longer needed", directory / name)
+    def _publish_dir(
+        self, directory: Path, specs: Sequence[CdiSpec], in_use: frozenset[str] | None, kept: list[str]
+    ) -> str | None:
+        """Write `specs` and the names to keep into `directory`; why not, when it cannot be done."""
+        try:
+            previous = self._defined[directory] if directory in self._defined else read_our_specs(directory)
+            merged, retained = retain(previous, specs, in_use)
+            result = write_specs(directory, merged)
+        except CdiError as exc:
+            self._failures.report(f"dir {directory}", f"CDI: {exc}", logging.ERROR)
+            return str(exc)
+        if self._failures.clear(f"dir {directory}"):
+            log.info("CDI: the spec directory %s can be written again", directory)
+        kept += retained
+        self._defined[directory] = {s.file_name: s.document for s in merged}
+        if not merged:
+            del self._defined[directory]
+        for spec in merged:
+            if spec.file_name in result.written:
+                log.info(
+                    "CDI spec %s written: %d devices",
+                    directory / spec.file_name,
+                    len(spec.document["devices"]),
+                )
+        for name in result.removed:
+            log.info("CDI spec %s removed: no longer needed", directory / name)
+        return None
 
-    def _set_problem(self, problem: str | None) -> None:
-        if problem is not None:
+    def _in_use(self) -> frozenset[str] | None:
+        if self._checkpoint is None:
+            return frozenset()
+        try:
+            names = names_in_use(self._checkpoint)
+        except CdiError as exc:
             self._failures.report(
-                _PROBLEM,
-                f"{problem}; serving no resources until it is fixed (then SIGHUP or a config change)",
-                logging.ERROR,
+                "checkpoint",
+                f"CDI: {exc}; keeping every CDI name defined before, since admitted containers may name it",
             )
-        elif self._failures.clear(_PROBLEM):
-            log.info("CDI specs can be generated again; serving resources")
-        self.problem = problem
+            return None
+        self._failures.clear("checkpoint")
+        return names
+
+    def _report_kept(self, kept: tuple[str, ...]) -> None:
+        if kept and kept != self.kept:
+            log.info(
+                "CDI: %d names the config no longer serves stay defined while admitted containers hold "
+                "them (kubelet replays them on restarts): %s",
+                len(kept),
+                ", ".join(sorted(kept)),
+            )
+        elif self.kept and not kept:
+            log.info("CDI: no admitted container holds a name the config no longer serves")
+        self.kept = kept

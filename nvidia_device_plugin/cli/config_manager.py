@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         log.error("config-manager: %s", exc)
         return 2
     try:
-        api_client = api_client_from_environment()
+        api_client = api_client_from_environment(settings.kubeconfig)
     except NodeApiError as exc:
         log.error("config-manager: %s", exc)
         return 1

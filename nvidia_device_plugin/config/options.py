@@ -131,7 +131,8 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         ("--nvidia-cdi-hook-path", "--nvidia-ctk-path"),
         ("NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH"),
         "str",
-        "path of the NVIDIA CDI hook written into CDI specs",
+        "host path of the NVIDIA CDI hook (nvidia-ctk or nvidia-cdi-hook) that CDI specs run; "
+        "GPU Operator nodes: /usr/local/nvidia/toolkit/nvidia-ctk",
     ),
     ConfigOption(
         "flags.plugin.containerDriverRoot",

@@ -52,10 +52,13 @@ class NodeState:
     resource_version: str
 
 
-def api_client_from_environment() -> Any:
-    """In a pod: the service account. Elsewhere: $KUBECONFIG or ~/.kube/config (as kubectl)."""
+def api_client_from_environment(kubeconfig: str = "") -> Any:
+    """`kubeconfig` if given (config-manager's --kubeconfig); else in a pod the service account, elsewhere
+    $KUBECONFIG or ~/.kube/config (as kubectl)."""
     try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if kubeconfig:
+            kube_config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
         else:
             kube_config.load_kube_config()  # type: ignore[no-untyped-call]

@@ -1,7 +1,10 @@
 """config-manager's settings: NVIDIA's flags and environment variables, with the same names and defaults.
 
 Each setting is a flag with an environment variable behind it (flag > env > default), as in NVIDIA's
-config-manager, so the GPU Operator's and NVIDIA's Helm chart's pod specs work unchanged.
+config-manager, so the GPU Operator's and NVIDIA's Helm chart's pod specs work unchanged. Two habits of
+NVIDIA's flag library are kept because those pod specs rely on them: an empty environment variable for a
+number or a switch (`SIGNAL: ""`, `ONESHOT: ""`) means "not set", so the default holds; and switches may be
+given bare (`--oneshot`) or with a value (`--oneshot=false`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from nvidia_device_plugin.config.selection import (
 
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_PROCESS_TO_SIGNAL = "nvidia-device-plugin"
+DEFAULT_SIGNAL = signal.SIGHUP
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -41,6 +45,8 @@ class Settings:
     send_signal: bool
     signal: int
     process_to_signal: str
+    # --kubeconfig / KUBECONFIG; "" means: in a pod the service account, elsewhere ~/.kube/config
+    kubeconfig: str = ""
 
 
 def parse_bool(name: str, text: str) -> bool:
@@ -53,8 +59,8 @@ def parse_bool(name: str, text: str) -> bool:
 
 
 def parse_signal(text: str) -> int:
-    """`1`, `HUP` or `SIGHUP` -> 1 (NVIDIA passes the number)."""
-    word = text.strip().upper()
+    """`1`, `HUP` or `SIGHUP` -> 1 (NVIDIA passes the number); empty -> 1, the default, as NVIDIA's."""
+    word = text.strip().upper() or str(int(DEFAULT_SIGNAL))
     if word.isdigit():
         number = int(word)
         if number in {s.value for s in signal.Signals}:
@@ -78,6 +84,19 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
             f"--{flag}", dest=env, default=environ.get(env, default), help=f"{help_text} [env {env}]"
         )
 
+    def switch(flag: str, env: str, help_text: str) -> None:
+        # NVIDIA's boolean flags: `--oneshot` alone is true; `--oneshot=false` (or `--oneshot false`) false.
+        parser.add_argument(
+            f"--{flag}",
+            dest=env,
+            nargs="?",
+            const="true",
+            default=environ.get(env, "false"),
+            metavar="BOOL",
+            help=f"{help_text} [env {env}]",
+        )
+
+    option("kubeconfig", "KUBECONFIG", "", "kubeconfig file; empty: the pod's service account")
     option("node-name", "NODE_NAME", "", "the node whose label is read (required)")
     option("node-label", "NODE_LABEL", DEFAULT_NODE_LABEL, "the label naming the config")
     option("config-file-srcdir", "CONFIG_FILE_SRCDIR", "", "directory holding one file per config (required)")
@@ -89,9 +108,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         ",".join(s.value for s in DEFAULT_FALLBACK_STRATEGIES),
         "what to use without label and default: named, single, empty, in order",
     )
-    option("oneshot", "ONESHOT", "false", "set the link once and exit (the init container)")
-    option("send-signal", "SEND_SIGNAL", "false", "signal the plugin after each change (unneeded here)")
-    option("signal", "SIGNAL", "1", "the signal to send (default 1, SIGHUP)")
+    switch("oneshot", "ONESHOT", "set the link once and exit (the init container)")
+    switch("send-signal", "SEND_SIGNAL", "signal the plugin after each change (unneeded here)")
+    option("signal", "SIGNAL", str(int(DEFAULT_SIGNAL)), "the signal to send (default 1, SIGHUP)")
     option("process-to-signal", "PROCESS_TO_SIGNAL", DEFAULT_PROCESS_TO_SIGNAL, "the process to signal")
     return parser
 
@@ -120,4 +139,5 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         send_signal=parse_bool("SEND_SIGNAL", values["SEND_SIGNAL"]),
         signal=parse_signal(values["SIGNAL"]),
         process_to_signal=values["PROCESS_TO_SIGNAL"].strip() or DEFAULT_PROCESS_TO_SIGNAL,
+        kubeconfig=values["KUBECONFIG"].strip(),
     )

@@ -1,6 +1,6 @@
 """NVIDIA GPU Feature Discovery's label set, computed from the inventory and config the plugin serves.
 
-The rules are GFD's (k8s-device-plugin v0.15+, `internal/lm`); docs/labels.md lists every label. Where
+The rules are GFD's (k8s-device-plugin v0.20, `internal/lm`); docs/labels.md lists every label. Where
 GFD is odd, the oddity is kept, because selectors in clusters are written against what GFD publishes:
 
 - `nvidia.com/gpu.count` counts every physical GPU of the labelled model, MIG-enabled ones included, even
@@ -10,38 +10,51 @@ GFD is odd, the oddity is kept, because selectors in clusters are written agains
 - `gpu.product` gets `-SHARED` only when the resource is shared (replicas > 1) AND not renamed
   (`rename` or `renameByDefault` drop the suffix: the renamed resource already says it is shared).
   `replicas: 1` is "not shared" (GFD refuses such a file; we accept it and label it as unshared).
-- Product names are sanitised GFD's way: characters other than `A-Za-z0-9-_. ` are dropped, runs of
-  blanks become one `-`. So a `1g.18gb+me` MIG profile is `...-MIG-1g.18gbme` in `product`, while the
-  per-profile keys keep the `+` (`nvidia.com/mig-1g.18gb+me.count`): Kubernetes refuses such keys and
-  NFD drops them, as it does GFD's.
+- Product names and `gpu.machine` are sanitised GFD's way: characters other than `A-Za-z0-9-_. ` are
+  dropped, runs of blanks become one `-` (`Standard PC (Q35 + ICH9, 2009)` -> `Standard-PC-Q35-ICH9-2009`).
+- MIG profiles are named as in their resource name, `+` written as `.`: a `1g.18gb+me` device is
+  `nvidia.com/mig-1g.18gb.me.count` (mixed) and `...-MIG-1g.18gb.me` in a product.
 - `mig.strategy` is only published for single and mixed. Under single, a node that breaks the strategy
   (a MIG-enabled GPU without MIG devices, MIG and non-MIG GPUs, several profiles) gets
-  `gpu.product=<model>-MIG-INVALID` with `count`, `replicas` and `memory` 0.
-- `gpu.mode` is decided by the first GPU's PCI class (GFD stops looking at the first GPU that differs).
+  `gpu.product=<model>-MIG-INVALID` with `count`, `replicas` and `memory` 0 and `sharing-strategy` empty.
+- `gpu.mode` is `compute` when every GPU is a 3D controller (PCI class 0x030200), `graphics` when every
+  GPU is a VGA controller (0x030000), else `unknown` (classes that differ, or one that cannot be read).
 - `gpu.family` is `undefined` for compute capabilities GFD does not know (4.x, 11.x).
+- When several GPU models are on one node, GFD labels one of them: the model discovered last (the
+  highest-indexed GPU's; MIG-mode GPUs only when no whole GPU exists). The count is that model's.
+- `gpu.clique` is `<cluster UUID>.<clique ID>` when the GPUs are attached to a multi-node NVLink fabric
+  (nvml/fabric.py says when), left out when none is or when they disagree (GFD logs a warning).
+- `vgpu.present` is `false` on a node whose GPUs are not vGPUs, `true` with the host driver's version and
+  branch on a vGPU guest.
 
 Where GFD would fail the whole run (and publish nothing), the label that cannot be computed is left out
 and the rest published: an unreadable compute capability drops family/compute labels, an unknown
-driver or CUDA version drops the version labels, a missing PCI class drops `gpu.mode`, and MPS sharing on
-a node with MIG-enabled GPUs gives `mps.capable=false`. When several GPU models are on one node GFD picks
-the labelled model by Go map order (random); here the model of the lowest-indexed whole GPU wins (MIG-mode
-GPUs only when no whole GPU exists). GPUs whose name could not be read are not labelled by model.
-Not published: vGPU (`nvidia.com/vgpu.*`) and fabric/IMEX (`nvidia.com/gpu.clique`) labels.
+driver or CUDA version drops the version labels, an unreadable fabric drops `gpu.clique`, a PCI config
+space that cannot be read whole (an unprivileged container) drops `vgpu.*`, and MPS sharing on a node with
+MIG-enabled GPUs gives `mps.capable=false`. A GPU lost at start does not take the model's labels with it:
+they come from the GPUs that could be read, as GFD's do. GPUs whose name could not be read are not
+labelled by model.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, Sharing
-from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
+from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.devices import Gpu, Inventory
+from nvidia_device_plugin.labels.gfd_resources import (
+    GPU_RESOURCE,
+    PREFIX,
+    arch_family,
+    full_gpu_labels,
+    mig_name,
+    mixed_labels,
+    sanitise,
+    single_labels,
+)
 
-GPU_RESOURCE = "nvidia.com/gpu"
-PREFIX = "nvidia.com/"
-_MIB = 1024 * 1024
-_INVALID_PRODUCT_CHARS = re.compile(r"[^A-Za-z0-9\-_. ]")
+__all__ = ["GPU_RESOURCE", "PREFIX", "arch_family", "gfd_labels", "mig_name", "sanitise", "version_labels"]
+
 _PCI_CLASS_MODES = {"0x030000": "graphics", "0x030200": "compute"}
 
 
@@ -50,37 +63,21 @@ def gfd_labels(inventory: Inventory, config: Config, machine_type: str = "unknow
     gpus = inventory.gpus
     if not gpus:
         return {}
-    labels = {PREFIX + "gpu.machine": machine_type.strip().replace(" ", "-") or "unknown"}
+    labels = {PREFIX + "gpu.machine": sanitise(machine_type)}
     labels.update(version_labels(inventory.driver_version, inventory.cuda_version))
     labels[PREFIX + "mig.capable"] = _bool(any(g.mig_capable for g in gpus))
     mps = config.sharing.strategy == "mps" and not any(g.mig_enabled for g in gpus)
     labels[PREFIX + "mps.capable"] = _bool(mps)
-    labels.update(_full_gpu_labels(gpus, config.sharing))
+    labels.update(full_gpu_labels(gpus, config.sharing))
     strategy = config.flags.mig_strategy
     if strategy != "none":
         labels[PREFIX + "mig.strategy"] = strategy
-        labels.update(_single_labels(gpus, config.sharing) if strategy == "single" else {})
-        labels.update(_mixed_labels(gpus, config.sharing) if strategy == "mixed" else {})
-    mode = _gpu_mode(gpus[0])
-    if mode is not None:
-        labels[PREFIX + "gpu.mode"] = mode
+        labels.update(single_labels(gpus, config.sharing) if strategy == "single" else {})
+        labels.update(mixed_labels(gpus, config.sharing) if strategy == "mixed" else {})
+    labels[PREFIX + "gpu.mode"] = gpu_mode(gpus)
+    labels.update(clique_labels(gpus))
+    labels.update(vgpu_labels(gpus))
     return labels
-
-
-def sanitise(text: str) -> str:
-    """A product name part as GFD writes it in a label value."""
-    return "-".join(_INVALID_PRODUCT_CHARS.sub("", text).split())
-
-
-def arch_family(major: int, minor: int) -> str:
-    """GFD's architecture name of a CUDA compute capability."""
-    if major == 7:
-        return "volta" if minor < 5 else "turing"
-    if major == 8:
-        return "ampere" if minor < 9 else "ada-lovelace"
-    families = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper"}
-    families.update({10: "blackwell", 12: "blackwell"})
-    return families.get(major, "undefined")
 
 
 def version_labels(driver_version: str, cuda_version: tuple[int, int] | None) -> dict[str, str]:
@@ -117,135 +114,39 @@ def version_labels(driver_version: str, cuda_version: tuple[int, int] | None) ->
     return {PREFIX + key: value for key, value in labels.items()}
 
 
-@dataclass(frozen=True)
-class _Resource:
-    """One resource as GFD labels it: `<name>.<suffix>` keys; sharing None means "sharing disabled"."""
-
-    name: str
-    sharing: Sharing | None
-
-    def key(self, suffix: str) -> str:
-        return f"{self.name}.{suffix}"
-
-    def _entry(self) -> ReplicatedResource | None:
-        if self.sharing is None:
-            return None
-        return next((r for r in self.sharing.active.resources if r.name == self.name), None)
-
-    def replicas(self) -> int:
-        if self.sharing is None:
-            return 0
-        entry = self._entry()
-        return entry.replicas if entry is not None else 1
-
-    def product(self, parts: Iterable[str]) -> str:
-        names = [sanitise(p) for p in parts if p]
-        entry = self._entry()
-        if names and entry is not None and entry.replicas > 1 and entry.rename is None:
-            names.append("SHARED")
-        return "-".join(names)
-
-    def base(self, count: int, parts: Sequence[str]) -> dict[str, str]:
-        replicas = self.replicas()
-        strategy = self.sharing.strategy if self.sharing is not None and replicas > 1 else "none"
-        return {
-            self.key("product"): self.product(parts),
-            self.key("count"): str(count),
-            self.key("replicas"): str(replicas),
-            self.key("sharing-strategy"): strategy,
-        }
+def gpu_mode(gpus: Sequence[Gpu]) -> str:
+    """GFD's gpu.mode over the GPUs that could be read (a GPU lost at start has no say)."""
+    classes = {g.pci_class for g in gpus if not g.lost}
+    if len(classes) != 1:
+        return "unknown"  # classes that differ, or no GPU could be read
+    [pci_class] = classes
+    return "unknown" if pci_class is None else _PCI_CLASS_MODES.get(pci_class, "unknown")
 
 
-def _full_gpu_labels(gpus: Sequence[Gpu], sharing: Sharing) -> dict[str, str]:
-    named = [g for g in gpus if g.name]
-    counts: dict[str, int] = {}
-    for gpu in named:
-        counts[gpu.name] = counts.get(gpu.name, 0) + 1
-    labels: dict[str, str] = {}
-    # Later models override earlier ones key by key, as GFD's merge does: MIG-mode GPUs first, then whole
-    # GPUs; within each, the lowest-indexed GPU's model last, so it wins.
-    for mig_mode in (True, False):
-        first_of_model: dict[str, Gpu] = {}
-        for gpu in named:
-            if gpu.mig_enabled == mig_mode:
-                first_of_model.setdefault(gpu.name, gpu)
-        for gpu in sorted(first_of_model.values(), key=lambda g: -g.index):
-            resource = _Resource(GPU_RESOURCE, None if mig_mode else sharing)
-            labels.update(_gpu_labels(resource, gpu, counts[gpu.name]))
-    return labels
+def clique_labels(gpus: Sequence[Gpu]) -> dict[str, str]:
+    """`gpu.clique` when the fabric-attached GPUs agree on one cluster UUID and one clique ID."""
+    fabrics = [g.fabric for g in gpus if g.fabric is not None]
+    clusters = {f.cluster_uuid for f in fabrics}
+    cliques = {f.clique_id for f in fabrics}
+    if len(clusters) != 1 or len(cliques) != 1:
+        return {}
+    return {PREFIX + "gpu.clique": f"{clusters.pop()}.{cliques.pop()}"}
 
 
-def _gpu_labels(resource: _Resource, gpu: Gpu, count: int) -> dict[str, str]:
-    labels = resource.base(count, [gpu.name])
-    memory_mib = gpu.memory_bytes // _MIB
-    if memory_mib:
-        labels[resource.key("memory")] = str(memory_mib)
-    if gpu.compute_capability is not None and gpu.compute_capability[0] != 0:
-        major, minor = gpu.compute_capability
-        labels[resource.key("family")] = arch_family(major, minor)
-        labels[resource.key("compute.major")] = str(major)
-        labels[resource.key("compute.minor")] = str(minor)
-    return labels
-
-
-def _mig_labels(resource: _Resource, mig: MigDevice, parent: Gpu, count: int) -> dict[str, str]:
-    labels = resource.base(count, [parent.name, "MIG", mig.profile])
-    a = mig.attributes
-    if a is not None:
-        values = {
-            "memory": a.memory_mb,
-            "multiprocessors": a.multiprocessors,
-            "slices.gi": a.gpu_instance_slices,
-            "slices.ci": a.compute_instance_slices,
-            "engines.copy": a.copy_engines,
-            "engines.decoder": a.decoders,
-            "engines.encoder": a.encoders,
-            "engines.jpeg": a.jpeg_decoders,
-            "engines.ofa": a.ofa_engines,
-        }
-        labels.update({resource.key(k): str(v) for k, v in values.items()})
-    return labels
-
-
-def _profiles(gpus: Sequence[Gpu]) -> dict[str, tuple[MigDevice, Gpu, int]]:
-    """Per MIG profile, in discovery order: its first device, that device's GPU, and the device count."""
-    found: dict[str, tuple[MigDevice, Gpu, int]] = {}
-    for gpu in gpus:
-        for mig in gpu.mig_devices:
-            first, parent, count = found.get(mig.profile, (mig, gpu, 0))
-            found[mig.profile] = (first, parent, count + 1)
-    return found
-
-
-def _single_labels(gpus: Sequence[Gpu], sharing: Sharing) -> dict[str, str]:
-    mig_gpus = [g for g in gpus if g.mig_enabled]
-    if not mig_gpus:
-        return {}  # as the none strategy
-    profiles = _profiles(gpus)
-    broken = any(not g.mig_devices for g in mig_gpus) or len(mig_gpus) != len(gpus) or len(profiles) != 1
-    if broken:
-        invalid = _Resource(GPU_RESOURCE, None)
-        return {
-            invalid.key("product"): invalid.product([mig_gpus[0].name, "MIG", "INVALID"]),
-            invalid.key("count"): "0",
-            invalid.key("replicas"): "0",
-            invalid.key("memory"): "0",
-        }
-    [(mig, parent, count)] = profiles.values()
-    return _mig_labels(_Resource(GPU_RESOURCE, sharing), mig, parent, count)
-
-
-def _mixed_labels(gpus: Sequence[Gpu], sharing: Sharing) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    for profile, (mig, parent, count) in _profiles(gpus).items():
-        labels.update(_mig_labels(_Resource(f"{PREFIX}mig-{profile}", sharing), mig, parent, count))
-    return labels
-
-
-def _gpu_mode(gpu: Gpu) -> str | None:
-    if gpu.pci_class is None:
-        return None
-    return _PCI_CLASS_MODES.get(gpu.pci_class, "unknown")
+def vgpu_labels(gpus: Sequence[Gpu]) -> dict[str, str]:
+    """`vgpu.present` and, on a vGPU guest, the host driver's version and branch."""
+    vgpus = [g.vgpu for g in gpus if g.vgpu is not None]
+    if vgpus:
+        info = vgpus[-1]  # GFD keeps the last vGPU's
+        labels = {PREFIX + "vgpu.present": "true"}
+        for key, value in (("version", info.host_driver_version), ("branch", info.host_driver_branch)):
+            if value:  # a capability without the host driver's record: GFD fails, we leave these out
+                labels[f"{PREFIX}vgpu.host-driver-{key}"] = sanitise(value)
+        return labels
+    readable = [g for g in gpus if not g.lost]
+    if readable and all(g.vgpu_checked for g in readable):
+        return {PREFIX + "vgpu.present": "false"}
+    return {}
 
 
 def _bool(value: bool) -> str:

@@ -12,6 +12,7 @@ naming only the fields we read.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NewType, Protocol
 
 DeviceHandle = NewType("DeviceHandle", object)  # pynvml.c_nvmlDevice_t: a GPU or a MIG device
@@ -86,6 +87,19 @@ class EventData(Protocol):
     computeInstanceId: int
 
 
+class GpuFabricInfo(Protocol):
+    """pynvml.c_nvmlGpuFabricInfo_t, which nvmlDeviceGetGpuFabricInfo fills through a pointer to it.
+
+    `clusterUuid` is a ctypes array of 16 bytes; `status` an NVML return code (the fabric manager's verdict
+    on this GPU); `state` one of NVML_GPU_FABRIC_STATE_* (COMPLETED once registration is done).
+    """
+
+    clusterUuid: Sequence[int]
+    status: int
+    cliqueId: int
+    state: int
+
+
 class NvmlApi(Protocol):
     """The pynvml functions the plugin calls, with pynvml's names, parameters and results.
 
@@ -109,6 +123,8 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetPciInfo(self, handle: DeviceHandle) -> PciInfo: ...
     def nvmlDeviceGetNumaNodeId(self, handle: DeviceHandle) -> int: ...
     def nvmlDeviceGetCudaComputeCapability(self, handle: DeviceHandle) -> tuple[int, int]: ...
+    # `gpuFabricInfo` is ctypes.byref(pynvml.c_nvmlGpuFabricInfo_t()): NVML fills the struct; returns SUCCESS.
+    def nvmlDeviceGetGpuFabricInfo(self, device: DeviceHandle, gpuFabricInfo: object) -> int: ...
 
     # ---- health beyond events (recovery checks)
     def nvmlDeviceGetTotalEccErrors(self, handle: DeviceHandle, errorType: int, counterType: int) -> int: ...

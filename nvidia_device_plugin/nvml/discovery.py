@@ -23,11 +23,13 @@ from nvidia_device_plugin.nvml.errors import (
     nvml_call,
     nvml_error,
 )
+from nvidia_device_plugin.nvml.fabric import read_fabric
 from nvidia_device_plugin.nvml.mig_discovery import read_mig_devices
 from nvidia_device_plugin.nvml.mig_profiles import CapsMinors, read_mig_minors
 from nvidia_device_plugin.nvml.pci import bus_id_text, read_numa_node, read_pci_class, sysfs_pci_dir
 from nvidia_device_plugin.nvml.reader import GpuLost, Reader, raise_if_lost
 from nvidia_device_plugin.nvml.topology import read_links
+from nvidia_device_plugin.nvml.vgpu import read_vgpu
 
 _NOT_SUPPORTED = frozenset({NvmlErrorKind.NOT_SUPPORTED})
 # Display adapters of DGX Stations: NVML lists them, they run no CUDA work (NVIDIA's plugin skips them).
@@ -123,11 +125,15 @@ def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host) -> Gpu |
         if mig_mode is None:
             return None
         mig_enabled, mig_capable = mig_mode
+        vgpu_checked, vgpu = read_vgpu(gpu.pci_bus_id, host.sysfs_root)
         gpu = replace(
             gpu,
             mig_capable=mig_capable,
             compute_capability=_compute_capability(reader, handle, index),
             pci_class=read_pci_class(gpu.pci_bus_id, host.sysfs_root),
+            fabric=read_fabric(reader, handle, index),
+            vgpu=vgpu,
+            vgpu_checked=vgpu_checked,
         )
         migs = read_mig_devices(reader, handle, gpu, host.proc_root, host.caps) if mig_enabled else ()
     except GpuLost as lost:

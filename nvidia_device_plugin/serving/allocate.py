@@ -11,18 +11,15 @@ through these steps, in this order (`_container_response`, as NVIDIA's updateRes
   `k8s.device-plugin.nvidia.com/gpu=<runtime id>` (the key is built as the CDI library's AnnotationKey
   builds it). The response ID is a UUID derived from the resource and the requested IDs, where NVIDIA
   draws a random one. It is still unique within a container and gives kubelet's retries the same answer.
-  `cdi-cri`: the same names as `cdi_devices`. With `gdrcopyEnabled`, `gdsEnabled` or `mofedEnabled`,
-  `k8s.device-plugin.nvidia.com/gdrcopy=all`, `.../gds=all` and `.../mofed=all` follow the GPUs, in that
-  order (cdi/model.py names them all).
+  `cdi-cri`: the same names as `cdi_devices`. The IMEX channels of the snapshot's imex-channel spec follow
+  the GPUs (`k8s.device-plugin.nvidia.com/imex-channel=0`), then, with `gdrcopyEnabled`, `gdsEnabled` or
+  `mofedEnabled`, `k8s.device-plugin.nvidia.com/gdrcopy=all`, `.../gds=all` and `.../mofed=all`, in that
+  order (cdi/model.py names them all), except a mode whose spec was left out (its kernel nodes absent).
 * `_update_for_mps`: MPS replicas get the environment and mounts of `sharing/mps.py`; n replicas of the
   GPU in one container (with `failRequestsGreaterThanOne: false`) get n shares of it. A request spanning
   GPUs is refused.
 * `_update_for_extra_modes`: `gdrcopyEnabled` / `gdsEnabled` / `mofedEnabled` set NVIDIA_GDRCOPY /
   NVIDIA_GDS / NVIDIA_MOFED=enabled, under every strategy.
-* `_update_for_imex`: `imex.channelIDs: [0]`: /dev/nvidia-caps-imex-channels/channel0 (host path under
-  `nvidiaDevRoot`, "rw") in every container response, under every strategy, when the node exists; as
-  NVIDIA v0.20 does. With `imex.required`, a missing channel is refused at start and on reload
-  (`imex_problem`).
 * When every strategy is a CDI one, that is all: NVIDIA_VISIBLE_DEVICES is left unset (the CDI spec sets
   it) and no device specs are passed, as in NVIDIA's plugin.
 * `_update_for_envvar`: `envvar`: NVIDIA_VISIBLE_DEVICES=<id>,<id>.
@@ -34,6 +31,12 @@ through these steps, in this order (`_container_response`, as NVIDIA's updateRes
   /dev/nvidia<minor> of each GPU, and for a MIG device also the capability nodes of its GPU instance and
   compute instance (devnodes.py says where their minors come from). Host paths are those paths under
   `nvidiaDevRoot`, permissions "rw".
+* `_update_for_imex`: `imex.channelIDs: [0]`, with channel 0 present on the node: as NVIDIA v0.20 gives it
+  to every container under the non-CDI strategies, NVIDIA_IMEX_CHANNELS=0 (`envvar`), a /dev/null mount
+  at /var/run/nvidia-container-devices/imex/0 (`volume-mounts`) and the device spec of
+  /dev/nvidia-caps-imex-channels/channel0 (host path under `nvidiaDevRoot`, "rw"; `passDeviceSpecs`).
+  Under the CDI strategies the channel is a CDI name (above). With `imex.required`, a missing channel is
+  refused at start and on reload (serving/imex.py).
 """
 
 from __future__ import annotations
@@ -46,7 +49,14 @@ from dataclasses import dataclass
 
 from nvidia_device_plugin import devnodes
 from nvidia_device_plugin.api.v1beta1 import api_pb2
-from nvidia_device_plugin.cdi.model import GPU_CLASS, cdi_device_name, enabled_extra_modes, runtime_device_id
+from nvidia_device_plugin.cdi.model import (
+    GPU_CLASS,
+    IMEX_CLASS,
+    CdiPlan,
+    cdi_device_name,
+    enabled_extra_modes,
+    runtime_device_id,
+)
 from nvidia_device_plugin.config.v1 import (
     Config,
     DeviceIdStrategy,
@@ -62,6 +72,7 @@ from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
 from nvidia_device_plugin.sharing import mps
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+IMEX_CHANNELS_ENV = "NVIDIA_IMEX_CHANNELS"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
@@ -90,11 +101,19 @@ class AllocationSettings:
     shared_devices_allocation_policy: SharedAllocationPolicy = "distributed"
     imex_channel_ids: tuple[int, ...] = ()
     imex_required: bool = False
+    # What the snapshot's CDI specs define (cdi/), so Allocate names nothing else: the IMEX channels of the
+    # imex-channel spec, and the extra modes whose spec was left out (their kernel nodes absent).
+    cdi_imex_channels: tuple[int, ...] = ()
+    cdi_dropped_extra_modes: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, config: Config, host: HostPaths = REAL_HOST) -> AllocationSettings:
-        """The settings `config` asks for, reading the node's kernel interfaces under `host`."""
+    def from_config(
+        cls, config: Config, host: HostPaths = REAL_HOST, cdi: CdiPlan | None = None
+    ) -> AllocationSettings:
+        """The settings `config` asks for, reading the node's kernel interfaces under `host`; `cdi` is the
+        snapshot's CDI plan, whose specs define the CDI names Allocate may return."""
         flags = config.flags
+        defined = cdi is not None and cdi.problem is None
         return cls(
             device_list_strategy=flags.plugin.device_list_strategy,
             device_id_strategy=flags.plugin.device_id_strategy,
@@ -110,6 +129,12 @@ class AllocationSettings:
             shared_devices_allocation_policy=flags.plugin.shared_devices_allocation_policy,
             imex_channel_ids=config.imex.channel_ids,
             imex_required=config.imex.required,
+            cdi_imex_channels=cdi.imex_channels if cdi is not None and defined else (),
+            cdi_dropped_extra_modes=tuple(
+                m
+                for m in enabled_extra_modes(flags)
+                if defined and cdi is not None and m not in cdi.extra_modes
+            ),
         )
 
     @property
@@ -178,12 +203,12 @@ def _container_response(request: _Request) -> _Response:
     _update_for_cdi(response, request)
     _update_for_mps(response, request)
     _update_for_extra_modes(response, request)
-    _update_for_imex(response, request)
     if request.settings.only_cdi:
         return response  # the CDI spec sets NVIDIA_VISIBLE_DEVICES and the device nodes
     _update_for_envvar(response, request)
     _update_for_volume_mounts(response, request)
     _update_for_device_specs(response, request)
+    _update_for_imex(response, request)
     return response
 
 
@@ -193,7 +218,12 @@ def _update_for_cdi(response: _Response, request: _Request) -> None:
     if not settings.cdi_enabled:
         return
     names = [cdi_device_name(GPU_CLASS, rid) for rid in request.runtime_ids]
-    names += [cdi_device_name(mode, "all") for mode in enabled_extra_modes(settings)]
+    names += [cdi_device_name(IMEX_CLASS, str(channel)) for channel in settings.cdi_imex_channels]
+    names += [
+        cdi_device_name(mode, "all")
+        for mode in enabled_extra_modes(settings)
+        if mode not in settings.cdi_dropped_extra_modes
+    ]
     if "cdi-annotations" in settings.device_list_strategy:
         key = _cdi_annotation_key(settings.cdi_annotation_prefix, request.plan.name, request.ids)
         response.annotations[key] = ",".join(names)
@@ -230,10 +260,27 @@ def _update_for_extra_modes(response: _Response, request: _Request) -> None:
 
 
 def _update_for_imex(response: _Response, request: _Request) -> None:
-    """The configured IMEX channels that exist on this node."""
+    """The configured IMEX channels that exist on this node, in the form each non-CDI strategy takes."""
     settings = request.settings
-    channels = devnodes.present_imex_channels(settings.imex_channel_ids, settings.device_node_probe_root)
-    response.devices.extend(_device_spec(path, settings) for path in channels)
+    probe_root = settings.device_node_probe_root
+    channels = [
+        c for c in settings.imex_channel_ids if devnodes.exists(probe_root, devnodes.imex_channel_path(c))
+    ]
+    if not channels:
+        return
+    strategies = settings.device_list_strategy
+    if "envvar" in strategies:
+        response.envs[IMEX_CHANNELS_ENV] = ",".join(map(str, channels))
+    if "volume-mounts" in strategies:
+        response.mounts.extend(
+            api_pb2.Mount(
+                container_path=posixpath.join(VOLUME_MOUNTS_ROOT, "imex", str(c)),
+                host_path=VOLUME_MOUNTS_HOST_PATH,
+            )
+            for c in channels
+        )
+    if settings.pass_device_specs:
+        response.devices.extend(_device_spec(devnodes.imex_channel_path(c), settings) for c in channels)
 
 
 def _update_for_envvar(response: _Response, request: _Request) -> None:
@@ -350,29 +397,3 @@ def _check_sharing(where: str, plan: ResourcePlan, devices: list[AdvertisedDevic
                 f"{where}: MPS replicas of one container must be on one GPU (a container has one MPS pipe "
                 f"per resource), but the request spans {', '.join(gpus)}"
             )
-
-
-def imex_problem(settings: AllocationSettings) -> str | None:
-    """Why the config's required IMEX channels cannot be given to containers; None when they can."""
-    if not settings.imex_required:
-        return None
-    present = set(devnodes.present_imex_channels(settings.imex_channel_ids, settings.device_node_probe_root))
-    missing = [p for p in map(devnodes.imex_channel_path, settings.imex_channel_ids) if p not in present]
-    if not missing:
-        return None
-    return (
-        f"imex.required is true but IMEX channel {', '.join(missing)} does not exist on this node (under "
-        f"{settings.device_node_probe_root}); create the channel (nvidia-modprobe -i, or the IMEX daemon "
-        "setup) or set imex.required to false"
-    )
-
-
-def imex_summary(settings: AllocationSettings) -> str:
-    """One start-up line on what is done with the `imex` section."""
-    if not settings.imex_channel_ids:
-        return "imex: no IMEX channels configured"
-    present = devnodes.present_imex_channels(settings.imex_channel_ids, settings.device_node_probe_root)
-    paths = [devnodes.imex_channel_path(c) for c in settings.imex_channel_ids]
-    state = "present" if len(present) == len(paths) else "missing, not injected until it appears"
-    required = "required" if settings.imex_required else "not required"
-    return f"imex: injecting {', '.join(paths)} into every container ({state}; {required})"

@@ -1,198 +1,74 @@
-"""CDI spec generation and writing, on simulated nodes (their fake driver root), checked against the spec.
+"""The `gpu` CDI spec on simulated nodes (their fake driver root, /dev and sysfs), against NVIDIA's.
 
-CDI_SPEC_SCHEMA is written from the CDI specification's documented fields (SPEC.md: cdiVersion, kind,
-devices[].name / containerEdits, containerEdits' env, deviceNodes, mounts, hooks); unknown fields are
-refused, as the CDI library refuses them when it loads a spec.
+The expected values are NVIDIA's observed ones: the spec its v0.20 plugin writes and `nvidia-ctk cdi
+generate` on the same driver root (NVIDIA/nvidia-container-toolkit pkg/nvcdi, internal/discover:
+driver-nvml.go, graphics.go, symlinks, hooks.go, mounts.go; internal/platform-support/dgpu;
+NVIDIA/k8s-device-plugin internal/cdi). Every spec is checked against the CDI schema (cdi_support.py).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
-from collections.abc import Iterator
 from contextlib import redirect_stdout
-from pathlib import Path
-from typing import Any
 
-import jsonschema
-import pytest
+from cdi_support import assert_valid_spec, by_name, cdi_config, gpu_spec, snapshot_of
 
-from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiPlan, CdiSpec
-from nvidia_device_plugin.cdi.writer import CdiPublisher, write_specs
+from nvidia_device_plugin.cdi.model import CDI_VENDOR
 from nvidia_device_plugin.cli.main import main
-from nvidia_device_plugin.config.v1 import (
-    Config,
-    DeviceIdStrategy,
-    Flags,
-    PluginFlags,
-    ReplicatedResource,
-    ReplicatedResources,
-    Sharing,
-)
+from nvidia_device_plugin.config.v1 import Config, Flags
 from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
-from nvidia_device_plugin.nvml.sim.host import DRIVER_BINARIES, DRIVER_LIBRARIES
-from nvidia_device_plugin.serving.allocate import AllocationIndex, allocate
-from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
+from nvidia_device_plugin.nvml.sim.driver_root import DRIVER_BINARIES, DRIVER_LIBRARIES
+from nvidia_device_plugin.nvml.sim.host import drm_node_names
+from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
+from nvidia_device_plugin.snapshot import build_snapshot
 
-_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
-_PATH = {"type": "string", "pattern": "^/"}
-_STRINGS = {"type": "array", "items": {"type": "string"}}
-_UINT32 = {"type": "integer", "minimum": 0, "maximum": 4294967295}
-_DEVICE_NODE = {
-    "type": "object",
-    "required": ["path"],
-    "additionalProperties": False,
-    "properties": {
-        "path": _PATH,
-        "hostPath": _PATH,
-        "type": {"enum": ["b", "c", "u", "p"]},
-        "major": {"type": "integer"},
-        "minor": {"type": "integer"},
-        "fileMode": _UINT32,
-        "permissions": {"type": "string", "pattern": "^[rwm]{1,3}$"},
-        "uid": _UINT32,
-        "gid": _UINT32,
-    },
-}
-_MOUNT = {
-    "type": "object",
-    "required": ["hostPath", "containerPath"],
-    "additionalProperties": False,
-    "properties": {
-        "hostPath": {"type": "string"},
-        "containerPath": _PATH,
-        "options": _STRINGS,
-        "type": {"type": "string"},
-    },
-}
-_HOOK = {
-    "type": "object",
-    "required": ["hookName", "path"],
-    "additionalProperties": False,
-    "properties": {
-        "hookName": {
-            "enum": [
-                "prestart",
-                "createRuntime",
-                "createContainer",
-                "startContainer",
-                "poststart",
-                "poststop",
-            ]
-        },
-        "path": _PATH,
-        "args": _STRINGS,
-        "env": {"type": "array", "items": {"type": "string", "pattern": "^[^=]+="}},
-        "timeout": {"type": "integer", "minimum": 1},
-    },
-}
-_EDITS = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "env": {"type": "array", "items": {"type": "string", "pattern": "^[^=]+="}},
-        "deviceNodes": {"type": "array", "items": _DEVICE_NODE},
-        "mounts": {"type": "array", "items": _MOUNT},
-        "hooks": {"type": "array", "items": _HOOK},
-        "additionalGids": {"type": "array", "items": _UINT32},
-    },
-}
-CDI_SPEC_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["cdiVersion", "kind", "devices"],
-    "additionalProperties": False,
-    "properties": {
-        # Versions containerd >= 1.7 and CRI-O >= 1.23 load; hostPath on device nodes needs >= 0.5.0.
-        "cdiVersion": {"enum": ["0.5.0", "0.6.0", "0.7.0", "0.8.0"]},
-        "kind": {
-            "type": "string",
-            "pattern": r"^[A-Za-z0-9][A-Za-z0-9.-]*[A-Za-z0-9]/[A-Za-z0-9][A-Za-z0-9_.-]*$",
-        },
-        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-        "devices": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["name", "containerEdits"],
-                "additionalProperties": False,
-                "properties": {
-                    "name": {"type": "string", "pattern": _NAME},
-                    "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-                    # A device without edits is refused by the CDI library.
-                    "containerEdits": {**_EDITS, "minProperties": 1},
-                },
-            },
-        },
-        "containerEdits": _EDITS,
-    },
-}
+LIB = "/usr/lib/x86_64-linux-gnu"
+DRIVER_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]  # NVIDIA's discover.Mount options
+VULKAN_OPTIONS = ["ro", "nosuid", "nodev", "bind"]  # NVIDIA's mountsToContainerPath (Vulkan files)
 
 
-def assert_valid_spec(document: dict[str, Any]) -> None:
-    jsonschema.validate(document, CDI_SPEC_SCHEMA)
-    names = [d["name"] for d in document["devices"]]
-    assert len(names) == len(set(names)), f"device names repeat: {names}"
+def graphics_mounts(version: str) -> dict[str, tuple[str, list[str]]]:
+    """NVIDIA's graphics mounts on this driver root: container path -> (host path, options)."""
+    paths = [
+        f"{LIB}/libnvidia-egl-gbm.so.1.1.1",
+        f"{LIB}/libnvidia-egl-wayland.so.1.1.13",
+        f"{LIB}/nvidia/xorg/nvidia_drv.so",
+        f"{LIB}/nvidia/xorg/libglxserver_nvidia.so.{version}",
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+        "/usr/share/nvidia/nvoptix.bin",
+        "/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+    ]
+    mounts = {p: (p, DRIVER_OPTIONS) for p in paths}
+    for name in ("icd.d/nvidia_icd.json", "implicit_layer.d/nvidia_layers.json"):
+        mounts[f"/etc/vulkan/{name}"] = (f"/usr/share/vulkan/{name}", VULKAN_OPTIONS)
+    return mounts
 
 
-def cdi_config(
-    *strategies: str,
-    ids: DeviceIdStrategy = "uuid",
-    mig: str = "none",
-    replicas: int = 0,
-    **plugin: Any,
-) -> Config:
-    sharing = Sharing()
-    if replicas:
-        sharing = Sharing(
-            time_slicing=ReplicatedResources(resources=(ReplicatedResource("nvidia.com/gpu", replicas),))
-        )
-    flags_plugin = PluginFlags(
-        device_list_strategy=strategies or ("cdi-cri",), device_id_strategy=ids, **plugin
-    )  # type: ignore[arg-type]
-    return Config(flags=Flags(mig_strategy=mig, plugin=flags_plugin), sharing=sharing)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def sessions() -> Iterator[list[NvmlSession]]:
-    opened: list[NvmlSession] = []
-    yield opened
-    for session in opened:
-        session.close()
-
-
-def snapshot_of(sessions: list[NvmlSession], node: str, config: Config) -> Snapshot:
-    session = open_nvml(node)
-    sessions.append(session)
-    return build_snapshot(session, config)
-
-
-def gpu_spec(snapshot: Snapshot) -> CdiSpec:
-    assert snapshot.cdi is not None and snapshot.cdi.problem is None, snapshot.cdi
-    [spec] = [s for s in snapshot.cdi.specs if s.kind == f"{CDI_VENDOR}/gpu"]
-    assert_valid_spec(spec.document)
-    return spec
-
-
-def by_name(spec: CdiSpec) -> dict[str, list[str]]:
-    return {
-        d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec.document["devices"]
-    }
-
-
-def test_whole_gpus_by_uuid_with_driver_files_control_nodes_and_hooks(sessions: list[NvmlSession]) -> None:
+def test_whole_gpus_by_uuid_with_their_drm_nodes_and_no_all_device(sessions: list[NvmlSession]) -> None:
     snapshot = snapshot_of(sessions, "dgx-a100", cdi_config())
     spec = gpu_spec(snapshot)
     gpus = sorted(snapshot.inventory.gpus, key=lambda g: g.index)
+    # NVIDIA: /dev/nvidia<minor>, then the card* and renderD* entries of the GPU's sysfs drm/ directory;
+    # no "all" (its plugin sets no merged device). card0 is the board's VGA: no GPU's.
     assert by_name(spec) == {
-        **{g.uuid: [f"/dev/nvidia{g.minor}"] for g in gpus},
-        "all": [f"/dev/nvidia{g.minor}" for g in gpus],
+        g.uuid: [f"/dev/nvidia{g.minor}", *(f"/dev/dri/{n}" for n in drm_node_names(g.minor))] for g in gpus
     }
     assert spec.file_name == "k8s.device-plugin.nvidia.com-gpu.json"
+    assert spec.document["cdiVersion"] == "0.5.0"  # device nodes carry hostPath: 0.5.0, and nothing newer
+    for device, gpu in zip(spec.document["devices"], gpus, strict=True):
+        bus = gpu.pci_bus_id.lower()[4:]
+        card, render = drm_node_names(gpu.minor)
+        [hook] = device["containerEdits"]["hooks"]  # NVIDIA's by-path hook, per device
+        assert hook["args"] == [
+            "nvidia-ctk", "hook", "create-symlinks",
+            "--link", f"../{card}::/dev/dri/by-path/pci-{bus}-card",
+            "--link", f"../{render}::/dev/dri/by-path/pci-{bus}-render",
+        ]  # fmt: skip
     edits = spec.document["containerEdits"]
     assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     # The simulator has no nvidia-modeset: only nodes that exist are named.
@@ -201,37 +77,125 @@ def test_whole_gpus_by_uuid_with_driver_files_control_nodes_and_hooks(sessions: 
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
     ]
+
+
+def test_mounts_are_every_versioned_library_the_graphics_files_firmware_and_binaries(
+    sessions: list[NvmlSession],
+) -> None:
+    snapshot = snapshot_of(sessions, "dgx-a100", cdi_config())
     version = snapshot.inventory.driver_version
-    mounted = {m["containerPath"] for m in edits["mounts"]}
-    libs = {f"/usr/lib/x86_64-linux-gnu/{stem}.so.{version}" for stem in DRIVER_LIBRARIES}
-    binaries = {f"/usr/bin/{name}" for name in DRIVER_BINARIES}
-    firmware = {
+    mounts = {
+        m["containerPath"]: (m["hostPath"], m["options"])
+        for m in gpu_spec(snapshot).document["containerEdits"]["mounts"]
+    }
+    # NVIDIA: every *.so.<driver version> of the library directories and vdpau/ (GLX, EGL, GLES, VDPAU
+    # included), not the SONAME links, not libc or GLVND's own libraries.
+    libraries = {f"{LIB}/{stem}.so.{version}" for stem in DRIVER_LIBRARIES}
+    assert f"{LIB}/vdpau/libvdpau_nvidia.so.{version}" in libraries
+    other = {
+        *(f"/usr/bin/{name}" for name in DRIVER_BINARIES),
         f"/lib/firmware/nvidia/{version}/gsp_ga10x.bin",
         f"/lib/firmware/nvidia/{version}/gsp_tu10x.bin",
     }
-    assert mounted == libs | binaries | firmware  # not libc, not the SONAME links
-    assert all(
-        m["hostPath"] == m["containerPath"] and m["options"] == ["ro", "nosuid", "nodev", "bind"]
-        for m in edits["mounts"]
-    )
-    assert [h["args"] for h in edits["hooks"]] == [
-        [
-            "nvidia-ctk",
-            "hook",
-            "create-symlinks",
-            "--link",
-            "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
-        ],
-        ["nvidia-ctk", "hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"],
+    expected = {p: (p, DRIVER_OPTIONS) for p in libraries | other} | graphics_mounts(version)
+    assert mounts == expected
+    for stem in (
+        "libGLX_nvidia",
+        "libEGL_nvidia",
+        "libGLESv1_CM_nvidia",
+        "libGLESv2_nvidia",
+        "vdpau/libvdpau_nvidia",
+    ):
+        assert f"{LIB}/{stem}.so.{version}" in mounts  # graphics libraries versioned with the driver
+
+
+def test_hooks_are_nvidias_in_its_order_and_the_library_links_follow_its_rule(
+    sessions: list[NvmlSession],
+) -> None:
+    snapshot = snapshot_of(sessions, "t4-single", cdi_config())
+    version = snapshot.inventory.driver_version
+    hooks = gpu_spec(snapshot).document["containerEdits"]["hooks"]
+    assert [h["args"][2] for h in hooks] == [
+        "create-symlinks",  # the graphics libraries'
+        "create-symlinks",  # the driver libraries'
+        "enable-cuda-compat",
+        "update-ldcache",
+        "disable-device-node-modification",
     ]
-    assert {h["path"] for h in edits["hooks"]} == {"/usr/bin/nvidia-ctk"}
+    assert all(h["hookName"] == "createContainer" and h["env"] == ["NVIDIA_CTK_DEBUG=false"] for h in hooks)
+    assert hooks[2]["args"][3:] == [f"--host-driver-version={version}"]
+    assert hooks[3]["args"][3:] == ["--folder", LIB, "--folder", f"{LIB}/vdpau"]
+    assert hooks[4]["args"][3:] == []
+    links = [a for h in hooks[:2] for a in h["args"][4::2]]
+    v = version
+    # NVIDIA's rule on this driver root: the fixed libcuda.so / libGLX_indirect.so.0 /
+    # libnvidia-opticalflow.so links, each SONAME link the host has, each .so link the host has, and the
+    # graphics links (nvidia-drm_gbm.so, libglxserver_nvidia.so): 26, as on NVIDIA's reference node.
+    assert links == [
+        f"../libnvidia-allocator.so.1::{LIB}/gbm/nvidia-drm_gbm.so",
+        f"libglxserver_nvidia.so.{v}::{LIB}/nvidia/xorg/libglxserver_nvidia.so",
+        f"libEGL_nvidia.so.{v}::{LIB}/libEGL_nvidia.so.0",
+        f"libGLESv1_CM_nvidia.so.{v}::{LIB}/libGLESv1_CM_nvidia.so.1",
+        f"libGLESv2_nvidia.so.{v}::{LIB}/libGLESv2_nvidia.so.2",
+        f"libGLX_nvidia.so.{v}::{LIB}/libGLX_indirect.so.0",
+        f"libGLX_nvidia.so.{v}::{LIB}/libGLX_nvidia.so.0",
+        f"libcuda.so.1::{LIB}/libcuda.so",
+        f"libcuda.so.{v}::{LIB}/libcuda.so.1",
+        f"libcudadebugger.so.{v}::{LIB}/libcudadebugger.so.1",
+        f"libnvcuvid.so.{v}::{LIB}/libnvcuvid.so.1",
+        f"libnvidia-allocator.so.{v}::{LIB}/libnvidia-allocator.so.1",
+        f"libnvidia-cfg.so.{v}::{LIB}/libnvidia-cfg.so.1",
+        f"libnvidia-encode.so.{v}::{LIB}/libnvidia-encode.so.1",
+        f"libnvidia-encode.so.1::{LIB}/libnvidia-encode.so",
+        f"libnvidia-fbc.so.{v}::{LIB}/libnvidia-fbc.so.1",
+        f"libnvidia-ml.so.{v}::{LIB}/libnvidia-ml.so.1",
+        f"libnvidia-ml.so.1::{LIB}/libnvidia-ml.so",
+        f"libnvidia-ngx.so.{v}::{LIB}/libnvidia-ngx.so.1",
+        f"libnvidia-nvvm.so.{v}::{LIB}/libnvidia-nvvm.so.4",
+        f"libnvidia-opencl.so.{v}::{LIB}/libnvidia-opencl.so.1",
+        f"libnvidia-opticalflow.so.1::{LIB}/libnvidia-opticalflow.so",
+        f"libnvidia-opticalflow.so.{v}::{LIB}/libnvidia-opticalflow.so.1",
+        f"libnvidia-ptxjitcompiler.so.{v}::{LIB}/libnvidia-ptxjitcompiler.so.1",
+        f"libnvoptix.so.{v}::{LIB}/libnvoptix.so.1",
+        f"libvdpau_nvidia.so.{v}::{LIB}/vdpau/libvdpau_nvidia.so.1",
+    ]
+
+
+def test_the_links_are_derived_from_the_host_not_a_list(sessions: list[NvmlSession]) -> None:
+    session = open_nvml("t4-single")
+    sessions.append(session)
+    assert session.host.driver_root is not None
+    libs = session.host.driver_root / LIB.lstrip("/")
+    version = build_snapshot(session, cdi_config()).inventory.driver_version
+    (libs / "libnvidia-ml.so").unlink()  # no .so development link on this host: none in the container
+    (libs / "libnvidia-cfg.so").symlink_to("libnvidia-cfg.so.1")  # one more: one more in the container
+    (libs / f"libnvidia-fbc.so.{version}").write_bytes(b"not an ELF file")  # no SONAME readable
+    links = [
+        a
+        for h in gpu_spec(build_snapshot(session, cdi_config())).document["containerEdits"]["hooks"][:2]
+        for a in h["args"][4::2]
+    ]
+    assert f"libnvidia-ml.so.1::{LIB}/libnvidia-ml.so" not in links
+    assert f"libnvidia-ml.so.{version}::{LIB}/libnvidia-ml.so.1" in links
+    assert f"libnvidia-cfg.so.1::{LIB}/libnvidia-cfg.so" in links
+    assert not any("libnvidia-fbc" in link for link in links)
+    assert len(links) == 26 - 1 + 1 - 1
+
+
+def test_without_nvidia_drm_a_gpu_has_no_drm_nodes_and_no_by_path_hook(sessions: list[NvmlSession]) -> None:
+    session = open_nvml("t4-single")
+    sessions.append(session)
+    for drm in (session.host.sysfs_root / "bus/pci/devices").glob("*/drm"):
+        shutil.rmtree(drm)  # nvidia-drm not loaded: the kernel lists no DRM devices under the GPU
+    [device] = gpu_spec(build_snapshot(session, cdi_config())).document["devices"]
+    assert device["containerEdits"] == {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0"}]}
 
 
 def test_mig_devices_by_index_carry_the_same_nodes_as_pass_device_specs(sessions: list[NvmlSession]) -> None:
     snapshot = snapshot_of(sessions, "a100-mig-mixed", cdi_config(ids="index", mig="mixed"))
     spec = by_name(gpu_spec(snapshot))
-    assert "3" in spec and "0:0" in spec and "all" in spec
-    specs_settings = snapshot.allocation.__class__(
+    assert "3" in spec and "0:0" in spec and "all" not in spec
+    specs_settings = AllocationSettings(
         device_list_strategy=("envvar",),
         pass_device_specs=True,
         proc_root=snapshot.allocation.proc_root,
@@ -244,16 +208,18 @@ def test_mig_devices_by_index_carry_the_same_nodes_as_pass_device_specs(sessions
         for dev in plan.devices:
             response = allocate(index, [[dev.id]], specs_settings, healthy).container_responses[0]
             passed = [d.container_path for d in response.devices if d.container_path not in control]
-            assert spec[dev.index_id] == passed
+            # The CDI device adds the GPU's DRM nodes (NVIDIA's spec has them; passDeviceSpecs does not).
+            assert [n for n in spec[dev.index_id] if not n.startswith("/dev/dri/")] == passed
             if dev.kind == "mig":
                 assert len(passed) == 3 and passed[1].startswith("/dev/nvidia-caps/nvidia-cap")
+                assert spec[dev.index_id] == passed  # a MIG device has no DRM nodes of its own
 
 
 def test_replicas_define_each_physical_device_once(sessions: list[NvmlSession]) -> None:
     snapshot = snapshot_of(sessions, "dgx-a100", cdi_config("cdi-annotations", replicas=4))
     [plan] = snapshot.plans
     assert len(plan.devices) == 32
-    assert set(by_name(gpu_spec(snapshot))) == {g.uuid for g in snapshot.inventory.gpus} | {"all"}
+    assert set(by_name(gpu_spec(snapshot))) == {g.uuid for g in snapshot.inventory.gpus}
 
 
 def test_host_paths_follow_the_driver_and_dev_roots_and_the_hook_path(sessions: list[NvmlSession]) -> None:
@@ -271,24 +237,36 @@ def test_host_paths_follow_the_driver_and_dev_roots_and_the_hook_path(sessions: 
         "/host/dev/nvidia-uvm-tools",
     }
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia0", "hostPath": "/host/dev/nvidia0"}
+        {"path": p, "hostPath": "/host" + p}
+        for p in ("/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128")
     ]
-    assert all(m["hostPath"] == "/run/nvidia/driver" + m["containerPath"] for m in edits["mounts"])
-    assert [h["args"][:2] for h in edits["hooks"]] == [
-        ["nvidia-cdi-hook", "create-symlinks"],
-        ["nvidia-cdi-hook", "update-ldcache"],
+    assert all(m["hostPath"].startswith("/run/nvidia/driver/") for m in edits["mounts"])
+    assert {h["path"] for h in edits["hooks"]} == {"/usr/local/nvidia/toolkit/nvidia-cdi-hook"}
+    assert [h["args"][:2] for h in edits["hooks"]][-1] == [
+        "nvidia-cdi-hook",
+        "disable-device-node-modification",
     ]
+
+
+def test_the_gpu_operator_hook_path_runs_nvidia_ctk_hook(sessions: list[NvmlSession]) -> None:
+    operator = "/usr/local/nvidia/toolkit/nvidia-ctk"  # where the GPU Operator installs the toolkit
+    spec = gpu_spec(snapshot_of(sessions, "t4-single", cdi_config(nvidia_ctk_path=operator))).document
+    hooks = [*spec["containerEdits"]["hooks"], *spec["devices"][0]["containerEdits"]["hooks"]]
+    assert {h["path"] for h in hooks} == {operator}
+    assert all(h["args"][:2] == ["nvidia-ctk", "hook"] for h in hooks)
 
 
 def test_disabled_hooks_and_feature_flags(sessions: list[NvmlSession]) -> None:
-    one = gpu_spec(snapshot_of(sessions, "t4-single", cdi_config(cdi_disable_hooks=("update-ldcache",))))
-    assert [h["args"][2] for h in one.document["containerEdits"]["hooks"]] == ["create-symlinks"]
+    disabled = ("update-ldcache", "enable-cuda-compat", "disable-device-node-modification")
+    one = gpu_spec(snapshot_of(sessions, "t4-single", cdi_config(cdi_disable_hooks=disabled)))
+    assert [h["args"][2] for h in one.document["containerEdits"]["hooks"]] == ["create-symlinks"] * 2
     snapshot = snapshot_of(
         sessions,
         "t4-single",
         cdi_config(cdi_disable_hooks=("all", "bogus"), cdi_feature_flags=("frobnicate",)),
     )
-    assert "hooks" not in gpu_spec(snapshot).document["containerEdits"]
+    spec = gpu_spec(snapshot).document
+    assert "hooks" not in spec["containerEdits"] and "hooks" not in spec["devices"][0]["containerEdits"]
     assert snapshot.cdi is not None
     assert [n.split(":")[0] for n in snapshot.cdi.notes] == ["cdiDisableHooks", "cdiFeatureFlags"]
     assert "'bogus' ignored" in snapshot.cdi.notes[0] and "'frobnicate'" in snapshot.cdi.notes[1]
@@ -318,68 +296,17 @@ def test_a_missing_driver_root_or_library_is_named(sessions: list[NvmlSession]) 
     assert f"the driver root {session.host.driver_root} does not exist" in cdi.problem
 
 
-def test_gdrcopy_needs_its_device_node_and_gets_its_own_spec(sessions: list[NvmlSession]) -> None:
+def test_a_compute_only_driver_root_gets_no_graphics_mounts(sessions: list[NvmlSession]) -> None:
     session = open_nvml("t4-single")
     sessions.append(session)
-    config = Config(flags=Flags(gdrcopy_enabled=True, plugin=cdi_config().flags.plugin))
-    cdi = build_snapshot(session, config).cdi
-    assert cdi is not None and cdi.problem is not None and "/dev/gdrdrv" in cdi.problem
-    (session.host.dev_root / "dev/gdrdrv").touch()
-    cdi = build_snapshot(session, config).cdi
-    assert cdi is not None and cdi.problem is None
-    [extra] = [s for s in cdi.specs if s.kind.endswith("/gdrcopy")]
-    assert_valid_spec(extra.document)
-    assert extra.device_names == (f"{CDI_VENDOR}/gdrcopy=all",)
-
-
-def _spec(name: str, devices: list[str]) -> CdiSpec:
-    document = {
-        "cdiVersion": "0.5.0",
-        "kind": f"{CDI_VENDOR}/{name}",
-        "devices": [{"name": d, "containerEdits": {"env": ["A=1"]}} for d in devices],
-    }
-    return CdiSpec(file_name=f"{CDI_VENDOR}-{name}.json", kind=f"{CDI_VENDOR}/{name}", document=document)
-
-
-def test_writer_is_atomic_idempotent_0644_and_removes_only_our_stale_specs(tmp_path: Path) -> None:
-    spec_dir = tmp_path / "cdi"
-    spec_dir.mkdir()
-    (spec_dir / f"{CDI_VENDOR}-mig.json").write_text("{}")  # ours, from an earlier layout
-    (spec_dir / f".{CDI_VENDOR}-gpu.json.x1.tmp").write_text("{")  # a crash mid-write
-    (spec_dir / "nvidia.com-gpu.yaml").write_text("x")  # someone else's
-    gpu = _spec("gpu", ["0", "1"])
-    result = write_specs(spec_dir, [gpu])
-    assert result.written == (gpu.file_name,) and result.removed == (f"{CDI_VENDOR}-mig.json",)
-    assert sorted(os.listdir(spec_dir)) == [gpu.file_name, "nvidia.com-gpu.yaml"]
-    assert json.loads((spec_dir / gpu.file_name).read_text()) == gpu.document
-    assert (spec_dir / gpu.file_name).stat().st_mode & 0o777 == 0o644
-    inode = (spec_dir / gpu.file_name).stat().st_ino
-    assert write_specs(spec_dir, [gpu]).written == ()  # unchanged: not rewritten
-    assert (spec_dir / gpu.file_name).stat().st_ino == inode
-    write_specs(spec_dir, [_spec("gpu", ["0"])])
-    assert (spec_dir / gpu.file_name).stat().st_ino != inode  # replaced by rename, never edited in place
-    assert [d["name"] for d in json.loads((spec_dir / gpu.file_name).read_text())["devices"]] == ["0"]
-
-
-def test_publisher_removes_its_specs_on_a_problem_and_when_cdi_is_turned_off(tmp_path: Path) -> None:
-    publisher = CdiPublisher()
-    spec_dir = tmp_path / "cdi"
-    gpu = _spec("gpu", ["0"])
-    assert publisher.publish(CdiPlan(str(spec_dir), specs=(gpu,))) is None
-    assert os.listdir(spec_dir) == [gpu.file_name]
-    assert publisher.publish(CdiPlan(str(spec_dir), problem="cannot generate the CDI spec: x")) is not None
-    assert os.listdir(spec_dir) == []
-    assert publisher.problem == "cannot generate the CDI spec: x"
-    publisher.publish(CdiPlan(str(spec_dir), specs=(gpu,)))
-    assert publisher.problem is None and os.listdir(spec_dir) == [gpu.file_name]
-    publisher.publish(None)
-    assert os.listdir(spec_dir) == []
-
-
-def test_publisher_refuses_when_the_spec_directory_cannot_be_made(tmp_path: Path) -> None:
-    (tmp_path / "file").write_text("")
-    problem = CdiPublisher().publish(CdiPlan(str(tmp_path / "file" / "cdi"), specs=(_spec("gpu", ["0"]),)))
-    assert problem is not None and "cannot create the CDI spec directory" in problem
+    assert session.host.driver_root is not None
+    for tree in ("usr/share", f"{LIB.lstrip('/')}/nvidia"):
+        shutil.rmtree(session.host.driver_root / tree)
+    edits = gpu_spec(build_snapshot(session, cdi_config())).document["containerEdits"]
+    mounted = {m["containerPath"] for m in edits["mounts"]}
+    assert not mounted & {"/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/nvidia/nvoptix.bin"}
+    assert f"{LIB}/libnvidia-egl-gbm.so.1.1.1" in mounted  # still in the library directory
+    assert edits["hooks"][0]["args"][4::2] == [f"../libnvidia-allocator.so.1::{LIB}/gbm/nvidia-drm_gbm.so"]
 
 
 def _plan_output(*argv: str) -> str:
@@ -395,12 +322,24 @@ def test_plan_shows_the_specs_as_json_as_a_summary_and_alone() -> None:
     document = json.loads(_plan_output("--output", "json"))
     [spec] = document["cdi"]["specs"]
     assert spec["file"] == "k8s.device-plugin.nvidia.com-gpu.json" and document["cdi"]["problem"] is None
-    assert spec["devices"] == [f"{CDI_VENDOR}/gpu={d['id']}" for d in document["resources"][0]["devices"]] + [
-        f"{CDI_VENDOR}/gpu=all"
-    ]
+    assert spec["devices"] == [f"{CDI_VENDOR}/gpu={d['id']}" for d in document["resources"][0]["devices"]]
     assert_valid_spec(spec["spec"])
     assert (
-        "k8s.device-plugin.nvidia.com-gpu.json: 2 devices, 14 driver files mounted, 2 hooks" in _plan_output()
+        "k8s.device-plugin.nvidia.com-gpu.json: 1 devices, 44 driver files mounted, 5 hooks" in _plan_output()
     )
     alone = json.loads(_plan_output("--cdi-spec"))
     assert alone == {spec["file"]: spec["spec"]}
+
+
+def test_every_spec_of_every_preset_validates(sessions: list[NvmlSession]) -> None:
+    for node, mig in (
+        ("dgx-h100", "none"),
+        ("a100-mig-mixed", "mixed"),
+        ("h200-mig", "mixed"),
+        ("b200", "none"),
+    ):
+        for ids in ("uuid", "index"):
+            snapshot = snapshot_of(sessions, node, cdi_config("cdi-cri", ids=ids, mig=mig))  # type: ignore[arg-type]
+            assert snapshot.cdi is not None and snapshot.cdi.problem is None, (node, snapshot.cdi)
+            for spec in snapshot.cdi.specs:
+                assert_valid_spec(spec.document)

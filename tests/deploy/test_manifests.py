@@ -1,6 +1,6 @@
-"""Deployment files checked offline: every kustomization rendered by the real `kubectl kustomize`, validated
-against the newest Kubernetes schemas kubernetes-validate knows, and checked against the CLI, the configs, the
-Dockerfile and each other.
+"""Deployment files checked offline: every kustomization under manifests/ (the Helm chart's presets, rendered;
+test_chart.py keeps them the chart's rendering) built by the real `kubectl kustomize`, validated against the
+newest Kubernetes schemas kubernetes-validate knows, and checked against the CLI, the configs and each other.
 
 A manifest that names a flag the CLI does not have, a port the server does not listen on, a config the loader
 rejects, or a security setting the container toolkit refuses would only fail on a real cluster; these tests
@@ -30,13 +30,16 @@ CONFIGS = ROOT / "configs"
 # The newest schemas the pinned kubernetes-validate ships, so a bump of the package moves the tests with it.
 KUBERNETES_VERSION = kubernetes_validate.utils.latest_version()
 NAMESPACE = "nvidia-device-plugin"
-OVERLAY_NAMES = [
-    "cdi", "labels", "mig", "mps", "network-policy", "node-labels", "prometheus-operator", "time-slicing",
-]  # fmt: skip
+OVERLAY_NAMES = ["cdi", "labels", "mig", "mps", "node-labels", "prometheus-operator", "time-slicing"]
 KUSTOMIZATIONS = ["manifests", *(f"overlays/{name}" for name in OVERLAY_NAMES)]
 # Kinds with no schema in kubernetes-validate (CRDs); their structure is checked by hand below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 MPS_HOST_PATHS = ("/run/nvidia/mps", "/run/nvidia/mps/shm")
+# Presets whose configs share GPUs through MPS (the chart adds the MPS pieces for them) or use MIG.
+MPS_KUSTOMIZATIONS = {"overlays/mps", "overlays/node-labels"}
+MIG_KUSTOMIZATIONS = {"overlays/mig", "overlays/node-labels"}
+PLUGIN_CONTAINER = "nvidia-device-plugin-ctr"
+CONFIG_MAP = "nvidia-device-plugin-configs"
 
 
 def _kubectl() -> str:
@@ -84,12 +87,12 @@ def _pod(kustomization: str = "manifests", daemonset: str = PLUGIN_DAEMONSET) ->
 
 
 def _container(kustomization: str = "manifests") -> dict[str, Any]:
-    [container] = [c for c in _pod(kustomization)["containers"] if c["name"] == "nvidia-device-plugin"]
+    [container] = [c for c in _pod(kustomization)["containers"] if c["name"] == PLUGIN_CONTAINER]
     return container
 
 
 def _default_config_text(kustomization: str = "manifests") -> str:
-    text: str = _by_kind("ConfigMap", kustomization)["nvidia-device-plugin-config"]["data"]["default"]
+    text: str = _by_kind("ConfigMap", kustomization)[CONFIG_MAP]["data"]["default"]
     return text
 
 
@@ -176,9 +179,9 @@ def test_mig_monitor_env_never_without_sys_admin(kustomization: str) -> None:
                 assert "SYS_ADMIN" in added, (
                     f"{kustomization}: {container['name']} sets the MIG env without SYS_ADMIN"
                 )
-            elif name == MPS_CONTROL_DAEMONSET:
+            elif container["name"] == "mps-control-daemon-ctr":
                 assert added == ["SYS_ADMIN"], "the MPS control daemon sets compute modes: SYS_ADMIN only"
-            elif kustomization != "overlays/mig":
+            elif kustomization not in MIG_KUSTOMIZATIONS:
                 assert not added, f"{kustomization}: {container['name']} adds capabilities {added}"
 
 
@@ -226,10 +229,12 @@ def test_overlay_configs_are_the_documents_in_configs(
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_mps_host_paths_only_in_the_mps_overlay(kustomization: str) -> None:
     paths = {v["hostPath"]["path"] for v in _pod(kustomization)["volumes"] if "hostPath" in v}
-    if kustomization == "overlays/mps":
+    if kustomization in MPS_KUSTOMIZATIONS:
         assert set(MPS_HOST_PATHS) <= paths
         mounts = {m["mountPath"] for m in _container(kustomization)["volumeMounts"]}
         assert "/run/nvidia/mps" in mounts, "the MPS root must be mounted at its host path"
+        control = _pod(kustomization, MPS_CONTROL_DAEMONSET)
+        assert {v["hostPath"]["path"] for v in control["volumes"] if "hostPath" in v} == set(MPS_HOST_PATHS)
     else:
         assert not paths & set(MPS_HOST_PATHS), f"{kustomization} mounts MPS host paths"
 
@@ -278,23 +283,23 @@ def test_security_context_is_minimal() -> None:
 def test_node_labels_overlay_runs_config_manager_with_nvidias_interface() -> None:
     pod = _pod("overlays/node-labels")
     [init] = pod["initContainers"]
-    sidecars = [c for c in pod["containers"] if c["name"] == "config-manager"]
+    sidecars = [c for c in pod["containers"] if c["name"] == "nvidia-device-plugin-sidecar"]
     assert len(sidecars) == 1
     plugin_args = _container("overlays/node-labels")["args"]
-    assert "--config-file=/config-link/config.yaml" in plugin_args
+    assert "--config-file=/config/config.yaml" in plugin_args
     for container, oneshot in ((init, "true"), (sidecars[0], "false")):
         assert container["command"] == ["config-manager"]
         env = {e["name"]: e for e in container["env"]}
         assert env["ONESHOT"]["value"] == oneshot
         assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
         assert env["NODE_LABEL"]["value"] == "nvidia.com/device-plugin.config"
-        assert env["CONFIG_FILE_DST"]["value"] == "/config-link/config.yaml"
+        assert env["CONFIG_FILE_DST"]["value"] == "/config/config.yaml"
         srcdir = env["CONFIG_FILE_SRCDIR"]["value"]
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-        assert mounts[srcdir] == "config" and mounts["/config-link"] == "config-link"
+        assert mounts[srcdir] == "available-configs" and mounts["/config"] == "config"
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert container["securityContext"]["runAsNonRoot"] is True
-    keys = set(_by_kind("ConfigMap", "overlays/node-labels")["nvidia-device-plugin-config"]["data"])
+    keys = set(_by_kind("ConfigMap", "overlays/node-labels")[CONFIG_MAP]["data"])
     assert {"default", "time-slicing", "mig-mixed", "mps"} <= keys
     # The API token reaches the config-manager containers only, never the plugin container.
     assert pod["automountServiceAccountToken"] is False
@@ -318,7 +323,7 @@ def test_node_labels_rbac_is_list_and_watch_on_nodes_only() -> None:
 def test_daemonset_args_are_valid_cli_flags() -> None:
     args = _run_args()
     assert args.command == "run"
-    assert args.config_dir == "/config"
+    assert args.config_dir == "/available-configs"
     assert args.metrics_address
 
 
@@ -345,7 +350,7 @@ def test_metrics_port_probes_service_and_network_policy_agree() -> None:
     assert service["metadata"]["annotations"]["prometheus.io/port"] == str(port)
     template_labels = _one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= template_labels.items()
-    [policy] = _by_kind("NetworkPolicy", "overlays/network-policy").values()
+    [policy] = _by_kind("NetworkPolicy").values()  # in the base: on by default
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= template_labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     [rule] = policy["spec"]["ingress"]
@@ -365,7 +370,12 @@ def test_daemonset_scheduling_and_updates() -> None:
         "nodeSelectorTerms"
     ]
     keys = {expr["key"] for term in terms for expr in term["matchExpressions"]}
-    assert keys == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
+    # NVIDIA's chart's three: NFD's PCI vendor label, NFD's CPU vendor on Tegra, the hand-set/GFD label.
+    assert keys == {
+        "feature.node.kubernetes.io/pci-10de.present",
+        "feature.node.kubernetes.io/cpu-model.vendor_id",
+        "nvidia.com/gpu.present",
+    }
     resources = _container()["resources"]
     assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
 
@@ -393,82 +403,3 @@ def test_servicemonitor_selects_the_metrics_service_port() -> None:
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert endpoint["path"] == "/metrics"
     assert re.fullmatch(r"\d+s", endpoint["interval"]) and re.fullmatch(r"\d+s", endpoint["scrapeTimeout"])
-
-
-# ---- the image -------------------------------------------------------------------------------------------
-
-
-def _dockerfile() -> list[str]:
-    """Instructions of the Dockerfile, continuation lines joined and comments dropped."""
-    text = (ROOT / "Dockerfile").read_text()
-    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
-    return [i.strip() for i in re.sub(r"\\\n", " ", "\n".join(lines)).splitlines() if i.strip()]
-
-
-def test_dockerfile_is_multi_stage_on_a_pinned_base_and_needs_no_buildkit() -> None:
-    text = (ROOT / "Dockerfile").read_text()
-    assert not re.search(r"^#\s*syntax=", text, re.MULTILINE), "a syntax line makes the build pull a frontend"
-    instructions = _dockerfile()
-    assert not any("--mount=" in i for i in instructions), "RUN --mount needs BuildKit"
-    args = dict(m.groups() for i in instructions if (m := re.fullmatch(r"ARG\s+(\w+)=(\S+)", i)))
-    froms = [i.split()[1:] for i in instructions if i.startswith("FROM ")]
-    assert [f[-1] for f in froms] == ["builder", "runtime"], "expected a builder stage and a runtime stage"
-    for image, *_ in froms:
-        resolved = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
-        name, _, tag = resolved.partition(":")
-        assert name == "python", resolved
-        assert re.fullmatch(r"3\.1[2-9](\.\d+)?-slim-bookworm(@sha256:[0-9a-f]{64})?", tag), (
-            f"unpinned base {resolved}"
-        )
-    assert "@sha256:" in text, "the bump-by-digest instruction is missing"
-    runtime = instructions[instructions.index(next(i for i in instructions if i.endswith("AS runtime"))) :]
-    # Without re-declaring it inside the stage, ${PYTHON_IMAGE} is empty there and so is base.name.
-    assert "ARG PYTHON_IMAGE" in runtime
-    assert any(i.startswith("COPY --from=builder") for i in runtime), (
-        "runtime must take the venv from the builder"
-    )
-    assert not any(i.startswith(("COPY nvidia_device_plugin", "COPY .")) for i in runtime)
-
-
-def test_dockerfile_entrypoint_cmd_and_labels() -> None:
-    instructions = _dockerfile()
-    assert 'ENTRYPOINT ["nvidia-device-plugin"]' in instructions
-    assert 'CMD ["run"]' in instructions
-    labels = " ".join(i for i in instructions if i.startswith("LABEL "))
-    keys = ("title", "description", "version", "revision", "source", "licenses", "base.name", "base.digest")
-    for key in keys:
-        assert f"org.opencontainers.image.{key}=" in labels
-    assert 'org.opencontainers.image.base.name="${PYTHON_IMAGE}"' in labels
-    assert (
-        "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
-    )
-
-
-def test_config_manager_is_a_console_script_in_the_image() -> None:
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'config-manager = "nvidia_device_plugin.cli.config_manager:main"' in pyproject
-    assert (Path(sys.executable).parent / "config-manager").exists()
-
-
-def test_dockerignore_keeps_local_state_out() -> None:
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
-    assert {".git", ".venv"} <= ignored
-    for needed in ("pyproject.toml", "setup.cfg", "README.md", "LICENSE", "nvidia_device_plugin"):
-        assert needed not in ignored
-
-
-def _make_target(name: str) -> str:
-    makefile = (ROOT / "Makefile").read_text()
-    target = re.search(rf"^{re.escape(name)}:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
-    assert target, f"the Makefile has no {name} target"
-    return target.group(1)
-
-
-def test_makefile_builds_the_image_the_manifests_use() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    image = _container()["image"].partition(":")[0]
-    assert re.search(rf"^IMAGE \?= {re.escape(image)}$", makefile, re.MULTILINE)
-    assert "docker build " in _make_target("image") and "-t $(IMAGE):" in _make_target("image")
-    multiarch = _make_target("image-multiarch")
-    assert "docker buildx build --platform $(PLATFORMS)" in multiarch
-    assert re.search(r"^PLATFORMS \?= linux/amd64,linux/arm64$", makefile, re.MULTILINE)

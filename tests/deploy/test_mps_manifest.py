@@ -66,7 +66,7 @@ def test_both_daemons_read_the_same_mps_config() -> None:
     root = config.flags.mps_root
     assert volumes[mounts[root]]["hostPath"]["path"] == root  # the same path inside and on the host
     assert volumes[mounts["/dev/shm"]]["hostPath"]["path"] == f"{root}/shm"
-    assert volumes[mounts["/config"]]["configMap"]["name"] == configmap["metadata"]["name"]
+    assert volumes[mounts[args.config_dir]]["configMap"]["name"] == configmap["metadata"]["name"]
 
 
 def test_it_has_what_mps_needs_and_nothing_more() -> None:

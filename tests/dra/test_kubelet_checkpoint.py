@@ -152,15 +152,14 @@ def test_an_unreadable_boot_id_fails_the_start_by_name(dra: DraNode) -> None:
 
 def serve(dra: DraNode) -> subprocess.Popen[str]:
     """A DraKubeletPlugin in a process of its own, on `dra`'s directories; waits until it serves."""
-    args = {
-        "plugins_dir": str(dra.plugins_dir),
-        "registry_dir": str(dra.registry_dir),
-        "spec_dir": str(dra.spec_dir),
-        "checkpoint": str(dra.checkpoint),
-        "boot_id": str(dra.boot_id),
-        "api_url": dra.api.url,
-        "preset": "dgx-a100",
+    paths = {
+        "plugins_dir": dra.plugins_dir,
+        "registry_dir": dra.registry_dir,
+        "cdi_spec_dir": dra.spec_dir,
+        "checkpoint_path": dra.checkpoint,
+        "boot_id_path": dra.boot_id,
     }
+    args = {"paths": {k: str(v) for k, v in paths.items()}, "api_url": dra.api.url, "preset": "dgx-a100"}
     code = (
         f"import sys; sys.path.insert(0, {str(TESTS)!r}); "
         "from support.dra_kubelet import serve_main; serve_main(sys.argv[1:])"

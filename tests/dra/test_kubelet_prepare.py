@@ -13,8 +13,10 @@ import pytest
 from nvidia_device_plugin.api.dra.v1 import api_pb2 as pb
 from nvidia_device_plugin.dra.kubelet.cdispec import claim_spec_file
 from nvidia_device_plugin.dra.names import DRIVER_NAME
+from nvidia_device_plugin.nvml.session import open_nvml
+from nvidia_device_plugin.snapshot import build_snapshot
 
-from support.dra_kubelet import NODE, DraKubeletStandIn, DraNode, dra_node, resource_claim
+from support.dra_kubelet import NODE, DraKubeletStandIn, DraNode, cdi_support, dra_node, resource_claim
 
 UID = "0f3c6b1e-1111-4a5e-9d7e-000000000001"
 OTHER = "0f3c6b1e-2222-4a5e-9d7e-000000000002"
@@ -53,20 +55,36 @@ def test_a_whole_gpu_claim_gets_its_cdi_id_and_a_spec_with_its_device_node(
     assert devices_of(answer) == [(["gpu"], NODE, "gpu-3", [f"k8s.gpu.nvidia.com/claim={UID}-gpu-3"])]
     spec = dra.spec(UID)  # schema-checked
     assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert spec["cdiVersion"] == "0.5.0"  # device nodes with a hostPath; a UID may start with a digit
     [device] = spec["devices"]
     assert device["name"] == f"{UID}-gpu-3"
     node = f"/dev/nvidia{minor_of(dra, 'gpu-3')}"
-    assert device["containerEdits"] == {"deviceNodes": [{"path": node, "hostPath": node}]}
+    assert device["containerEdits"]["deviceNodes"][0] == {"path": node, "hostPath": node}
     common = spec["containerEdits"]
     assert common["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
-    assert [n["path"] for n in common["deviceNodes"]] == [
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
-    ]
+    assert "/dev/nvidiactl" in [n["path"] for n in common["deviceNodes"]]
     version = dra.node.inventory.driver_version
     assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{version}" in {m["containerPath"] for m in common["mounts"]}
-    assert {h["args"][2] for h in common["hooks"]} == {"create-symlinks", "update-ldcache"}
+
+
+def test_a_claims_container_gets_what_the_device_plugins_cdi_spec_gives_the_same_gpu(
+    dra: DraNode, kubelet: DraKubeletStandIn
+) -> None:
+    dra.api.claims.put(resource_claim(UID, results=[("gpu", "gpu-3"), ("gpu", "gpu-5")]))
+    assert kubelet.prepare([CLAIM])[UID].error == ""
+    cdi = cdi_support()
+    session = open_nvml("dgx-a100")
+    try:
+        plugin_spec = cdi.gpu_spec(build_snapshot(session, cdi.cdi_config("cdi-cri"))).document
+    finally:
+        session.close()
+    by_uuid = {d["name"]: d["containerEdits"] for d in plugin_spec["devices"]}
+    spec = dra.spec(UID)
+    assert [d["containerEdits"] for d in spec["devices"]] == [
+        by_uuid[dra.node.devices["gpu-3"].uuid],
+        by_uuid[dra.node.devices["gpu-5"].uuid],
+    ]
+    assert spec["containerEdits"] == plugin_spec["containerEdits"]
 
 
 def test_subrequest_names_are_stripped_and_other_drivers_results_are_left_alone(

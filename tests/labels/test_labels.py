@@ -68,6 +68,7 @@ def test_dgx_a100_whole_gpus_exactly() -> None:
         N + "gpu.compute.major": "8",
         N + "gpu.compute.minor": "0",
         N + "gpu.mode": "compute",
+        N + "vgpu.present": "false",  # GFD v0.20 says so on every node without vGPUs
         OURS + "gpu.healthy": "8",
         OURS + "nvswitch": "true",
         OURS + "nvlink.fully-connected": "true",
@@ -225,17 +226,22 @@ def test_none_strategy_on_mig_gpus_labels_whole_gpus_only() -> None:
     assert not any(k.startswith(N + "mig") and k != N + "mig.capable" for k in labels)
 
 
-def test_plus_me_profile_is_sanitised_in_the_product_only() -> None:
+def test_plus_me_profile_is_named_as_nvidia_names_its_resource() -> None:
+    # GFD v0.20 writes the "+" of 1g.18gb+me as ".", in keys and product (as in nvidia.com/mig-1g.18gb.me).
     labels = labels_of("h200-mig", mig("mixed"))
-    assert labels[N + "mig-1g.18gb+me.product"] == "NVIDIA-H200-MIG-1g.18gbme"
-    assert labels[N + "mig-1g.18gb+me.engines.ofa"] == "1"
+    assert labels[N + "mig-1g.18gb.me.product"] == "NVIDIA-H200-MIG-1g.18gb.me"
+    assert labels[N + "mig-1g.18gb.me.count"] == "1"
+    assert labels[N + "mig-1g.18gb.me.engines.ofa"] == "1"
+    assert not any("+" in key for key in labels)
     assert labels[N + "gpu.family"] == "hopper"
 
 
-def test_mixed_model_node_labels_the_lowest_indexed_whole_gpu_model() -> None:
+def test_mixed_model_node_labels_the_model_discovered_last() -> None:
+    # NVIDIA labels the model discovered last: H100 (GPUs 2 and 3) on the A100+H100 preset.
     labels = labels_of("mixed-a100-h100")
-    assert labels[N + "gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert labels[N + "gpu.product"] == "NVIDIA-H100-PCIe"
     assert labels[N + "gpu.count"] == "2"
+    assert (labels[N + "gpu.memory"], labels[N + "gpu.family"]) == ("81559", "hopper")
 
 
 def test_unhealthy_and_lost_gpus_lower_the_healthy_count() -> None:
@@ -260,15 +266,16 @@ def test_every_label_is_valid_for_kubernetes(node: str) -> None:
     for strategy in ("none", "single", "mixed"):
         for key, value in labels_of(node, mig(strategy), timestamp=1).items():
             assert len(value) <= 63 and all(c.isalnum() or c in "-_." for c in value), (key, value)
-            if "+" not in key:  # GFD's +me profile keys are not valid label keys; kept as GFD has them
-                name = key.split("/", 1)[1]
-                assert len(name) <= 63 and all(c.isalnum() or c in "-_." for c in name), key
+            name = key.split("/", 1)[1]  # +me profiles too: GFD writes their "+" as "."
+            assert len(name) <= 63 and all(c.isalnum() or c in "-_." for c in name), key
 
 
 def test_gfd_rules_in_isolation() -> None:
     assert sanitise("NVIDIA  A100 (PCIe) 40GB+") == "NVIDIA-A100-PCIe-40GB"
-    assert [arch_family(*cc) for cc in ((7, 0), (7, 5), (8, 6), (8, 9), (9, 0), (12, 0), (11, 0))] == [
-        "volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell", "undefined",
+    ccs = ((7, 0), (7, 5), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0), (13, 0), (11, 0), (4, 0))
+    assert [arch_family(*cc) for cc in ccs] == [
+        "volta", "turing", "ampere", "ada-lovelace", "hopper", "blackwell", "blackwell", "rubin",
+        "undefined", "undefined",
     ]  # fmt: skip
     assert version_labels("550.54", None)[N + "cuda.driver.rev"] == ""
     assert version_labels("bogus", None) == {}

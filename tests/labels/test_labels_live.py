@@ -1,21 +1,16 @@
 """The labels file follows the daemon live: config reloads, whole-GPU health changes, a file removed by hand;
-and the `labels` and `gpu-feature-discovery` commands as an operator runs them."""
+and the `labels` command as an operator runs it (`gpu-feature-discovery`: test_gfd_command.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.cli.gfd import main as gfd_main
 from nvidia_device_plugin.cli.main import main as cli_main
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
@@ -154,60 +149,3 @@ def test_labels_command_text_with_config(capsys: pytest.CaptureFixture[str], tmp
     assert labels[N + "gpu.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
     assert labels[N + "mig.strategy"] == "single"
     assert labels[N + "gfd.timestamp"].isdigit()
-
-
-def test_gfd_oneshot_with_gfd_env(tmp_path: Path) -> None:
-    out = tmp_path / "gfd"
-    env = {
-        "GFD_ONESHOT": "true",
-        "GFD_OUTPUT_FILE": str(out),
-        "GFD_NO_TIMESTAMP": "true",
-        "GFD_MACHINE_TYPE_FILE": "",
-        "MIG_STRATEGY": "mixed",
-        "NVDP_SIMULATE": "h100-nvl",
-    }
-    assert gfd_main([], env) == 0
-    labels = read_labels(out)
-    assert labels[N + "mig.strategy"] == "mixed"
-    assert labels[N + "mig-3g.47gb.count"] == "1"
-    assert N + "gfd.timestamp" not in labels
-
-
-def test_gfd_refuses_bad_flags(tmp_path: Path) -> None:
-    base = ["--simulate", "t4-single", "--output-file", str(tmp_path / "f"), "--oneshot"]
-    assert gfd_main([*base, "--sleep-interval", "soon"], {}) == 1
-    assert gfd_main([*base, "--no-timestamp", "maybe"], {}) == 1
-    assert not (tmp_path / "f").exists()
-
-
-def test_gfd_use_node_feature_api_falls_back_to_the_file(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "gfd"
-    argv = ["--simulate", "t4-single", "-o", str(out), "--oneshot", "--use-node-feature-api"]
-    assert gfd_main(argv, {}) == 0
-    assert "--use-node-feature-api is not supported" in capfd.readouterr().err
-    assert read_labels(out)[N + "gpu.count"] == "1"
-
-
-def test_gfd_daemon_relabels_and_removes_its_file_on_sigterm(tmp_path: Path) -> None:
-    out = tmp_path / "gfd"
-    argv = ["-o", str(out), "--sleep-interval", "50ms", "--simulate", "dgx-h100", "--machine-type-file", ""]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from nvidia_device_plugin.cli.gfd import main; "
-         "sys.exit(main())", *argv],
-        env={**os.environ, "GFD_SLEEP_INTERVAL": "1h"},
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
-        wait_for(lambda: read_labels(out).get(N + "gpu.count") == "8", "the first pass")
-        first = read_labels(out)[N + "gfd.timestamp"]
-        wait_for(lambda: read_labels(out).get(N + "gfd.timestamp", first) != first, "a second pass", 15)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert not out.exists()

@@ -42,6 +42,7 @@ GPU_CALLS = {
     "nvmlDeviceGetNvLinkRemotePciInfo": 1,
     "nvmlDeviceGetNvLinkRemoteDeviceType": 1,
     "nvmlDeviceGetTopologyCommonAncestor": 1,
+    "nvmlDeviceGetGpuFabricInfo": 1,
 }
 NODE_CALLS = ["nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion", "nvmlGpuInstanceGetInfo"]
 # Losing these leaves nothing to advertise the GPU by (its handle, UUID, /dev minor, MIG mode).

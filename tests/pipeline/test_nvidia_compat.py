@@ -320,20 +320,27 @@ def test_imex_channel_is_injected_into_every_container(
     free = sorted(kubelet.devices(GPU))
     response = kubelet.allocate(GPU, [free[:1], free[1:3]])
     for container in response.container_responses:
-        assert [(d.container_path, d.host_path, d.permissions) for d in container.devices] == [
-            (IMEX_CHANNEL, "/run/nvidia/driver" + IMEX_CHANNEL, "rw")
-        ]
+        # v0.20 under envvar (the default): the variable, and no device spec without passDeviceSpecs.
+        assert container.envs["NVIDIA_IMEX_CHANNELS"] == "0"
+        assert list(container.devices) == []
 
 
 def test_imex_from_the_v0_20_flags(
     tmp_path: Path, serve: Callable[..., Daemon], kubelet: KubeletStandIn
 ) -> None:
     serve(
-        loader(tmp_path, None, "--imex-channel-ids", "0", "--imex-required"),
+        loader(tmp_path, None, "--imex-channel-ids", "0", "--imex-required", "--pass-device-specs",
+               "--dev-root", "/run/nvidia/driver"),
         open_session=with_imex_channel("t4-single"),
-    )
+    )  # fmt: skip
     _, response = kubelet.admit(GPU, 1)
-    assert [d.container_path for d in response.devices] == [IMEX_CHANNEL]
+    # With passDeviceSpecs, v0.20 passes the channel's device spec too, after the GPU's.
+    assert [(d.container_path, d.host_path, d.permissions) for d in response.devices][-1] == (
+        IMEX_CHANNEL,
+        "/run/nvidia/driver" + IMEX_CHANNEL,
+        "rw",
+    )
+    assert response.envs["NVIDIA_IMEX_CHANNELS"] == "0"
 
 
 def test_required_imex_channel_missing_refuses_to_serve(plugin_dir: Path, tmp_path: Path) -> None:

@@ -8,12 +8,13 @@ NodePrepareResources / NodeUnprepareResources there in that version. A deleted s
 driver; `restart()` forgets every driver and walks the directory again, as a restarted kubelet does.
 
 Besides: `resource_claim` builds a ResourceClaim as the API returns it; `simulated_node` a NodeDevices of a
-simulated preset; `assert_valid_cdi_spec` checks a spec against tests/cdi's CDI schema; `serve_main` runs
-a plugin in a child process for the restart tests.
+simulated preset; `cdi_support` gives tests/cdi's CDI schema check;
+`serve_main` runs a plugin in a child process for the restart tests.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
@@ -62,7 +63,7 @@ _STUBS: dict[str, tuple[ModuleType, Any]] = {
 # A socket file: (inode, ctime). A socket made anew may get the inode of the one it replaced, never its
 # ctime, so a replaced socket is told from the same one without relying on the order of inotify events.
 Identity = tuple[int, int]
-_CDI_SCHEMA_TEST = Path(__file__).resolve().parent.parent / "cdi" / "test_cdi_spec.py"
+_CDI_SUPPORT = Path(__file__).resolve().parent.parent / "cdi" / "cdi_support.py"
 
 
 @dataclass
@@ -130,8 +131,7 @@ class DraKubeletStandIn:
         for channel in channels:
             channel.close()
 
-    def restart(self) -> None:
-        """A kubelet restart: every driver forgotten, the directory walked again."""
+    def restart(self) -> None:  # as kubelet restarts: every driver forgotten, the directory walked again
         self.stop()
         self.start()
 
@@ -272,7 +272,7 @@ def resource_claim(
     allocated: bool = True,
     config: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A ResourceClaim as the API returns it; `results` are (request, device) of `driver`, pool NODE."""
+    """A ResourceClaim as the API returns it; `results`: (request, device) of `driver`, pool NODE."""
     claim: dict[str, Any] = {
         "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "7"},
         "spec": {"devices": {"requests": [{"name": r.split("/")[0]} for r, _ in results]}},
@@ -298,16 +298,15 @@ def simulated_node(preset: str, config: Config | None = None) -> tuple[NvmlSessi
     return session, NodeDevices(devices, snapshot.inventory, session.host, cdi)
 
 
-def assert_valid_cdi_spec(document: dict[str, Any]) -> None:
-    """tests/cdi's check of a spec (its CDI_SPEC_SCHEMA), loaded from that file."""
-    spec = importlib.util.spec_from_file_location("_cdi_schema_of_tests", _CDI_SCHEMA_TEST)
-    assert spec is not None and spec.loader is not None
-    module = sys.modules.get(spec.name)
-    if module is None:
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
+def cdi_support() -> ModuleType:
+    """tests/cdi's shared helpers (assert_valid_spec, cdi_config, gpu_spec), from the file itself."""
+    name = "_cdi_support_for_dra"
+    if (module := sys.modules.get(name)) is None:
+        spec = importlib.util.spec_from_file_location(name, _CDI_SUPPORT)
+        assert spec is not None and spec.loader is not None
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    module.assert_valid_spec(document)
+    return module
 
 
 class DraNode:
@@ -347,25 +346,31 @@ class DraNode:
     def spec(self, uid: str) -> dict[str, Any]:
         """Claim `uid`'s CDI spec as written, checked against the CDI schema."""
         document: dict[str, Any] = json.loads((self.spec_dir / claim_spec_file(uid)).read_text())
-        assert_valid_cdi_spec(document)
+        cdi_support().assert_valid_spec(document)
         return document
 
 
 def dra_node(preset: str = "dgx-a100") -> Iterator[DraNode]:
-    """For a fixture: `yield from dra_node()`; everything is stopped and removed afterwards."""
+    """For a fixture: `yield from dra_node()`; everything is stopped and removed afterwards. The simulated
+    node is made once per preset and process (its host tree is only read: specs go to the test's own
+    directory) and closed at exit."""
+    if preset not in _NODES:
+        _NODES[preset] = simulated_node(preset)
+        atexit.register(_NODES[preset][0].close)
     root = Path(tempfile.mkdtemp(prefix=f"dra-{os.getpid()}-", dir="/tmp"))
-    session, node = simulated_node(preset)
     try:
         with FakeApiServer({}) as api:
-            setup = DraNode(root, api, node)
+            setup = DraNode(root, api, _NODES[preset][1])
             try:
                 yield setup
             finally:
                 for plugin in setup.started:
                     plugin.stop()
     finally:
-        session.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+_NODES: dict[str, tuple[NvmlSession, NodeDevices]] = {}
 
 
 # ---- a plugin in a process of its own -------------------------------------------------------------
@@ -374,19 +379,15 @@ def dra_node(preset: str = "dgx-a100") -> Iterator[DraNode]:
 def serve_main(argv: Sequence[str]) -> None:
     """`python -c ... serve_main(sys.argv[1:])`: a DraKubeletPlugin until SIGTERM (or SIGKILL).
 
-    Arguments: a JSON object with plugins_dir, registry_dir, spec_dir, checkpoint, boot_id (paths),
-    api_url and preset. Prints "serving" once started.
+    Argument: a JSON object with `paths` (the constructor's path arguments by name), `api_url` and
+    `preset`. Prints "serving" once started.
     """
     args = json.loads(argv[0])
     session, node = simulated_node(args["preset"])
     plugin = DraKubeletPlugin(
-        plugins_dir=Path(args["plugins_dir"]),
-        registry_dir=Path(args["registry_dir"]),
+        **{name: Path(path) for name, path in args["paths"].items()},
         claims=ApiClaimSource(api_client_for(args["api_url"])),
         node=lambda: node,
-        cdi_spec_dir=Path(args["spec_dir"]),
-        checkpoint_path=Path(args["checkpoint"]),
-        boot_id_path=Path(args["boot_id"]),
     )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

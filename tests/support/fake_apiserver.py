@@ -5,7 +5,10 @@ It answers `GET /api/v1/nodes?fieldSelector=metadata.name=<node>` with a NodeLis
 label changes, a stream end (the client reconnects from the last resourceVersion), and an ERROR event with
 a 410 Status (the client lists again). Every loop is bounded and the server stops on exit.
 
-ResourceClaims (resource.k8s.io/v1) are served by `ResourceClaims` (the `claims` attribute): `GET
+Namespaced objects (a NodeFeature, a Pod) are served by `objects` (support/fake_objects.py): GET, and POST and
+PUT validated against the JSON schema registered for their kind.
+
+ResourceClaims (resource.k8s.io/v1) are served by `ResourceClaims` (the `claims` attribute, asked first): `GET
 /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>` answers the claim a test put there, 404
 for one it did not, or the failure a test set.
 """
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from support.fake_objects import ObjectStore, status
+
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
 CLOSE_STREAM = object()  # fed to the watch queue: end the current stream
@@ -38,7 +43,8 @@ class FakeApiServer:
             "spec": {},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
-        self.requests: list[dict[str, list[str]]] = []  # query of each request, in order
+        self.requests: list[dict[str, list[str]]] = []  # query of each node request, in order
+        self.objects = ObjectStore()
         self.claims = ResourceClaims()
         self.feed: queue.Queue[object] = queue.Queue()
         self.stopping = threading.Event()
@@ -100,6 +106,9 @@ class FakeApiServer:
                 if (answer := fake.claims.answer(url.path)) is not None:
                     self._send(*answer)
                     return
+                if fake.objects.serves(url.path):
+                    self._send(*fake.objects.answer("GET", url.path, None))
+                    return
                 query = parse_qs(url.query)
                 fake.requests.append(query)
                 if url.path != "/api/v1/nodes" or query.get("fieldSelector") != [f"metadata.name={NODE}"]:
@@ -115,6 +124,20 @@ class FakeApiServer:
                             "items": [copy.deepcopy(fake.node)],
                         }
                     self._send(200, body)
+
+            def do_POST(self) -> None:
+                self._write("POST")
+
+            def do_PUT(self) -> None:
+                self._write("PUT")
+
+            def _write(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length)) if length else None
+                except ValueError:
+                    body = None
+                self._send(*fake.objects.answer(method, urlsplit(self.path).path, body))
 
             def _send(self, code: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
@@ -191,34 +214,21 @@ class ResourceClaims:
             self.stored.pop((namespace, name), None)
 
     def answer(self, path: str) -> tuple[int, dict[str, Any]] | None:
-        """(status, body) for a claim path; None for any other path (the node routes answer it)."""
-        if not path.startswith(self.PREFIX):
-            return None
+        """(status, body) for a claim's path; None for any other path (the other routes answer it)."""
         parts = path.removeprefix(self.PREFIX).split("/")
-        if len(parts) != 3 or parts[1] != "resourceclaims":
-            return 404, _status(404, "NotFound", f"unexpected {path}")
+        if not path.startswith(self.PREFIX) or len(parts) != 3 or parts[1] != "resourceclaims":
+            return None
         namespace, _, name = parts
         with self.lock:
             self.reads.append((namespace, name))
             if self.failure is not None:
                 code, message = self.failure
-                return code, _status(code, "InternalError" if code >= 500 else "Forbidden", message)
+                return code, status(code, "InternalError" if code >= 500 else "Forbidden", message)
             claim = self.stored.get((namespace, name))
         if claim is None:
             message = f'resourceclaims.resource.k8s.io "{name}" not found'
-            return 404, _status(404, "NotFound", message)
+            return 404, status(404, "NotFound", message)
         return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim}
-
-
-def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
 
 
 def write_kubeconfig(path: Path, server_url: str) -> Path:

@@ -4,8 +4,9 @@ NVIDIA's DRA driver names a claim's devices `k8s.gpu.nvidia.com/claim=<claim UID
 in a transient spec per claim, `k8s.gpu.nvidia.com-claim_<claim UID>.json` (the CDI library's transient
 spec name). The content comes from cdi/: `scan_node` reads the driver root and the device nodes of the
 claim's devices, `generate_specs` builds the node's `gpu` spec for them, and the claim's spec takes that
-spec's common edits (driver files, control nodes, hooks) and each device's own edits (its /dev/nvidia<N>,
-a MIG device's capability nodes) under the claim's names. So a claim's container gets exactly what the
+spec's common edits (driver files, control nodes, hooks) and each device's own edits (its /dev/nvidia<N>
+and DRM nodes, a MIG device's capability nodes) under the claim's names, at the lowest cdiVersion the
+document needs. So a claim's container gets exactly what the
 device plugin's CDI strategies give a pod for the same device.
 """
 
@@ -22,6 +23,7 @@ from nvidia_device_plugin.atomicfile import replace_file
 from nvidia_device_plugin.cdi.model import GPU_CLASS, CdiError, CdiSpec, cdi_kind
 from nvidia_device_plugin.cdi.scan import scan_node
 from nvidia_device_plugin.cdi.spec import generate_specs
+from nvidia_device_plugin.cdi.version import minimum_version
 from nvidia_device_plugin.cdi.writer import SPEC_FILE_MODE, spec_json
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, NodeDevices
@@ -57,7 +59,7 @@ def claim_spec(claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices) 
     driver_root = host.driver_root if host.driver_root is not None else Path(settings.container_driver_root)
     plan = ResourcePlan(CLAIM_KIND, tuple(advertised))
     try:
-        scan = scan_node(node.inventory, advertised, driver_root, host.dev_root, host.proc_root)
+        scan = scan_node(node.inventory, advertised, driver_root, host)
         specs = generate_specs([plan], settings, scan)
     except CdiError as exc:
         raise ClaimError(f"cannot generate the claim's CDI spec: {exc}") from None
@@ -66,7 +68,7 @@ def claim_spec(claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices) 
         raise ClaimError("cannot generate the claim's CDI spec: the node's spec defines none of its devices")
     edits = {entry["name"]: entry["containerEdits"] for entry in gpu_spec.document["devices"]}
     document: dict[str, Any] = {
-        "cdiVersion": gpu_spec.document["cdiVersion"],
+        "cdiVersion": "",
         "kind": CLAIM_KIND,
         "devices": [
             {"name": claim_device_name(claim_uid, d.name), "containerEdits": copy.deepcopy(edits[d.uuid])}
@@ -75,6 +77,7 @@ def claim_spec(claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices) 
     }
     if common := gpu_spec.document.get("containerEdits"):
         document["containerEdits"] = copy.deepcopy(common)
+    document["cdiVersion"] = minimum_version(document)  # a UID may start with a digit: 0.5.0 at least
     return CdiSpec(file_name=claim_spec_file(claim_uid), kind=CLAIM_KIND, document=document)
 
 

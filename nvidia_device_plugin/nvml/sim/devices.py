@@ -1,7 +1,9 @@
-"""The simulated pynvml calls of one device: handles, identity, memory, PCI, health counters, compute mode."""
+"""The simulated pynvml calls of one device: handles, identity, memory, PCI, NVLink fabric, health counters,
+compute mode."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pynvml
@@ -15,6 +17,20 @@ from nvidia_device_plugin.nvml.sim.state import (
     _nvml_error,
     pynvml_function,
 )
+
+
+def _fabric_struct(pointer: object) -> Any:
+    """The c_nvmlGpuFabricInfo_t that `pointer` (ctypes.byref or ctypes.pointer) points to.
+
+    NVML writes through the pointer; anything else (the struct itself, None) is INVALID_ARGUMENT here, where
+    the real library would be handed garbage.
+    """
+    target = getattr(pointer, "_obj", None)  # ctypes.byref(struct)
+    if target is None and isinstance(pointer, ctypes._Pointer):
+        target = pointer.contents
+    if not isinstance(target, pynvml.c_nvmlGpuFabricInfo_t):
+        raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return target
 
 
 class DeviceQueries(SimulatorState):
@@ -90,6 +106,18 @@ class DeviceQueries(SimulatorState):
         if gpu.compute_capability is None:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu.compute_capability
+
+    @pynvml_function
+    def nvmlDeviceGetGpuFabricInfo(self, device: DeviceHandle, gpuFabricInfo: object) -> int:
+        gpu, mig = self._device(device)
+        info = _fabric_struct(gpuFabricInfo)
+        if mig or gpu.fabric is None:  # no fabric, or a MIG device (the fabric is its GPU's)
+            raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info.clusterUuid[:] = gpu.fabric.cluster_uuid
+        info.status = gpu.fabric.status
+        info.cliqueId = gpu.fabric.clique_id
+        info.state = gpu.fabric.state
+        return int(pynvml.NVML_SUCCESS)
 
     # ---- health beyond events ---------------------------------------------------------------------
 

@@ -4,9 +4,11 @@ Discovery reads NUMA nodes from sysfs, and Allocate (passDeviceSpecs) looks for 
 /dev and reads MIG capability minors from procfs. A simulated node writes those files into a throwaway
 directory, so the same readers run unchanged. Device nodes are plain files: nothing opens them.
 
-The tree also holds a fake driver root (`driver_root`) laid out as the driver installer lays it out on
-Ubuntu: the driver's libraries (versioned with the node's driver version, plus the SONAME links), its
-binaries and its GSP firmware, among files that are not the driver's, for the CDI spec scan to read.
+The tree also holds a fake driver root (`driver_root`, see driver_root.py) for the CDI spec scan, and
+the nodes nvidia-drm makes, as on a node with the module loaded: each GPU's DRM card and render node
+(/dev/dri/card<minor + 1>, /dev/dri/renderD<128 + minor>; card0 is the board's own VGA, not an NVIDIA
+device), listed under its PCI device in sysfs (bus/pci/devices/<bus id>/drm/) as the kernel lists them,
+and udev's /dev/dri/by-path/pci-<bus id>-card and -render links to them.
 """
 
 from __future__ import annotations
@@ -14,28 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvidia_device_plugin.nvml.host import HostPaths
+from nvidia_device_plugin.nvml.sim.driver_root import write_driver_root
 from nvidia_device_plugin.nvml.sim.node import GpuSpec, MigSpec, NodeSpec
+from nvidia_device_plugin.nvml.sim.pci_config import pci_config
 
-# The fake driver root: libraries (name stems; each file is <stem>.so.<driver version>), binaries, firmware.
-DRIVER_LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
-DRIVER_LIBRARIES = (
-    "libcuda",
-    "libcudadebugger",
-    "libnvidia-ml",
-    "libnvidia-ptxjitcompiler",
-    "libnvidia-nvvm",
-    "libnvidia-cfg",
-    "libnvidia-opencl",
-)
-DRIVER_BINARIES = (
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-)
-DRIVER_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
-NOT_DRIVER_FILES = ("libc.so.6", "libnvidia-ml.so.1", "libcuda.so.1", "libcuda.so")  # links and others
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # no nvidia-modeset: it is optional
 # The driver's nvidia-caps minor numbering (driver/nvidia-caps/mig-minors): 1 and 2 are the config and
 # monitor capabilities, then per GPU 15 GPU instances, each with its own minor and 8 compute instances.
@@ -77,11 +61,13 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
         driver_root=root / "driver-root",
         spec_root=root / "root",
     )
-    _driver_root(root / "driver-root", node.driver_version)
+    write_driver_root(root / "driver-root", node.driver_version)
     dev = host.dev_root / "dev"
     (dev / "nvidia-caps").mkdir(parents=True)
     for name in CONTROL_NODES:
         (dev / name).touch()
+    (dev / "dri/by-path").mkdir(parents=True)
+    (dev / "dri/card0").touch()  # the board's VGA (BMC): no NVIDIA GPU's
     minors = ["config 1", "monitor 2"]
     for gpu in node.gpus:
         domain, rest = gpu.pci_bus_id.lower().split(":", 1)
@@ -89,8 +75,10 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
         pci.mkdir(parents=True)
         (pci / "numa_node").write_text(f"{gpu.numa_node}\n")
         (pci / "class").write_text(f"{gpu.pci_class}\n")  # GFD's gpu.mode label reads it
+        (pci / "config").write_bytes(pci_config(gpu, node.unprivileged_container))  # and vgpu.* this
         minor = gpu_minor(gpu)
         (dev / f"nvidia{minor}").touch()
+        _drm_nodes(pci, dev, f"{domain[-4:]}:{rest}", minor)
         for gi in range(_GPU_INSTANCES):
             minors.append(f"gpu{minor}/gi{gi}/access {gi_cap_minor(minor, gi)}")
             minors += [
@@ -116,20 +104,14 @@ def _capability(access: Path, cap_minor: int, dev: Path) -> None:
     (dev / "nvidia-caps" / f"nvidia-cap{cap_minor}").touch()
 
 
-def _driver_root(root: Path, version: str) -> None:
-    libs = root / DRIVER_LIBRARY_DIR
-    libs.mkdir(parents=True)
-    for stem in DRIVER_LIBRARIES:
-        (libs / f"{stem}.so.{version}").write_bytes(b"\x7fELF")
-    for name in NOT_DRIVER_FILES:
-        if name.startswith("libcuda"):
-            (libs / name).symlink_to(f"libcuda.so.{version}")
-        else:
-            (libs / name).touch()
-    (root / "usr/bin").mkdir(parents=True)
-    for name in DRIVER_BINARIES:
-        (root / "usr/bin" / name).write_bytes(b"\x7fELF")
-    firmware = root / "lib/firmware/nvidia" / version
-    firmware.mkdir(parents=True)
-    for name in DRIVER_FIRMWARE:
-        (firmware / name).write_bytes(b"\0")
+def drm_node_names(minor: int) -> tuple[str, str]:
+    """The DRM card and render node names of the GPU with `minor` on a simulated node."""
+    return f"card{minor + 1}", f"renderD{128 + minor}"
+
+
+def _drm_nodes(pci: Path, dev: Path, bus_id: str, minor: int) -> None:
+    card, render = drm_node_names(minor)
+    for name, kind in ((card, "card"), (render, "render")):
+        (pci / "drm" / name).mkdir(parents=True)
+        (dev / "dri" / name).touch()
+        (dev / "dri/by-path" / f"pci-{bus_id}-{kind}").symlink_to(f"../{name}")

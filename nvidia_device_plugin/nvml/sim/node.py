@@ -51,6 +51,7 @@ _NODE_KEYS = {
     "gpus",
     "nvlinks",
     "unprivileged_container",
+    "fabric",
 }
 _GPU_KEYS = {
     "name",
@@ -65,7 +66,12 @@ _GPU_KEYS = {
     "minor",
     "compute_capability",
     "pci_class",
+    "fabric",
+    "vgpu",
 }
+_FABRIC_KEYS = {"cluster_uuid", "clique_id", "state", "status"}
+# nvmlGpuFabricState_t by the name a node file gives it.
+FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,16 @@ class MigSpec:
     memory_gb: int
     slot: int = 0  # index for nvmlDeviceGetMigDeviceHandleByIndex (a null in the YAML list leaves a gap)
     suffix: str = ""  # "+me", "-me", "+gfx", "+me.all"
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    """What nvmlDeviceGetGpuFabricInfo answers for a GPU on an NVLink fabric (GB200 NVL, NVLink Switch)."""
+
+    cluster_uuid: bytes  # 16 bytes; all zero: the GPU belongs to no multi-node fabric
+    clique_id: int
+    state: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = 0  # the fabric manager's verdict, an NVML return code (0: success)
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,8 @@ class GpuSpec:
     minor: int = -1  # N of /dev/nvidiaN; the YAML default is the index
     compute_capability: tuple[int, int] | None = None  # None: NVML answers NOT_SUPPORTED
     pci_class: str = PCI_CLASS_3D
+    fabric: FabricSpec | None = None  # None: nvmlDeviceGetGpuFabricInfo answers NOT_SUPPORTED
+    vgpu: tuple[str, str] | None = None  # a vGPU guest's GPU: (host driver version, branch)
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,8 @@ def parse_node(doc: Any, source: str) -> NodeSpec:
     gpus_doc = doc.get("gpus")
     if not isinstance(gpus_doc, list):
         raise ConfigError(f"{source}: gpus must be a list, got {gpus_doc!r}")
-    gpus = tuple(_parse_gpu(name, i, g, source) for i, g in enumerate(gpus_doc))
+    node_fabric = _fabric(doc.get("fabric"), source, "fabric")
+    gpus = tuple(_parse_gpu(name, i, g, source, node_fabric) for i, g in enumerate(gpus_doc))
     _check_unique([g.uuid for g in gpus], source, "uuid")
     _check_unique([g.pci_bus_id.lower() for g in gpus], source, "pci_bus_id")
     _check_unique([str(g.minor) for g in gpus], source, "minor")
@@ -168,7 +187,7 @@ def parse_node(doc: Any, source: str) -> NodeSpec:
     )
 
 
-def _parse_gpu(node: str, index: int, doc: Any, source: str) -> GpuSpec:
+def _parse_gpu(node: str, index: int, doc: Any, source: str, node_fabric: FabricSpec | None) -> GpuSpec:
     where = f"gpus[{index}]"
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: {where} must be a mapping, got {doc!r}")
@@ -208,6 +227,9 @@ def _parse_gpu(node: str, index: int, doc: Any, source: str) -> GpuSpec:
         minor=_int(doc.get("minor", index), source, f"{where}.minor"),
         compute_capability=_compute_capability(doc, source, where),
         pci_class=_pci_class(doc, source, where),
+        # A GPU's own `fabric` (null: NOT_SUPPORTED) overrides the node's.
+        fabric=_fabric(doc["fabric"], source, f"{where}.fabric") if "fabric" in doc else node_fabric,
+        vgpu=_vgpu(doc.get("vgpu"), source, f"{where}.vgpu"),
     )
 
 
@@ -223,6 +245,40 @@ def _compute_capability(doc: dict[str, Any], source: str, where: str) -> tuple[i
     if match is None:
         raise ConfigError(f'{source}: {where}.compute_capability must look like "8.0", got {value!r}')
     return int(match[1]), int(match[2])
+
+
+def _fabric(doc: Any, source: str, where: str) -> FabricSpec | None:
+    """`fabric: {cluster_uuid, clique_id, state: completed, status: 0}`; null or absent: NOT_SUPPORTED."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or "cluster_uuid" not in doc or "clique_id" not in doc:
+        raise ConfigError(f"{source}: {where} must be a mapping with cluster_uuid and clique_id, got {doc!r}")
+    _reject_unknown(doc, _FABRIC_KEYS, source, where + ".")
+    try:
+        cluster = uuid.UUID(str(doc["cluster_uuid"])).bytes
+    except ValueError:
+        raise ConfigError(
+            f"{source}: {where}.cluster_uuid must be a UUID, got {doc['cluster_uuid']!r}"
+        ) from None
+    state = str(doc.get("state", "completed"))
+    if state not in FABRIC_STATES:
+        raise ConfigError(f"{source}: {where}.state must be one of {', '.join(FABRIC_STATES)}, got {state!r}")
+    return FabricSpec(
+        cluster_uuid=cluster,
+        clique_id=_int(doc["clique_id"], source, f"{where}.clique_id"),
+        state=FABRIC_STATES[state],
+        status=_int(doc.get("status", 0), source, f"{where}.status"),
+    )
+
+
+def _vgpu(doc: Any, source: str, where: str) -> tuple[str, str] | None:
+    """`vgpu: {host_driver_version: "550.54.16", host_driver_branch: r550_40}` on a vGPU guest's GPU."""
+    if doc is None:
+        return None
+    keys = {"host_driver_version", "host_driver_branch"}
+    if not isinstance(doc, dict) or set(doc) != keys:
+        raise ConfigError(f"{source}: {where} must be a mapping of {' and '.join(sorted(keys))}, got {doc!r}")
+    return str(doc["host_driver_version"]), str(doc["host_driver_branch"])
 
 
 def _pci_class(doc: dict[str, Any], source: str, where: str) -> str:

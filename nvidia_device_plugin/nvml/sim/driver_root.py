@@ -1,0 +1,149 @@
+"""The fake driver root of a simulated node, laid out as the driver (550, Ubuntu 22.04, x86_64) lays it out.
+
+CDI spec generation (cdi/) scans it as it scans a real driver root, so it holds what a real one holds:
+
+* the driver's libraries `<stem>.so.<driver version>`, each a minimal ELF shared object whose dynamic
+  section names its SONAME (libcuda.so.550.54.15 says libcuda.so.1), with the SONAME links ldconfig made
+  and the few `.so` development links the installer made, in the library directory and its vdpau/;
+* the graphics files that do not carry the driver version: the EGL external-platform libraries
+  (libnvidia-egl-gbm.so.1.1.1, libnvidia-egl-wayland.so.1.1.13), the gbm/nvidia-drm_gbm.so link, the Xorg
+  modules under nvidia/xorg/, the GLVND / EGL / Vulkan JSON files, Xorg config snippets and nvoptix.bin;
+* its binaries and GSP firmware; and files that are not the driver's (libc, GLVND's own libraries) that a
+  scan must leave out.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
+
+# The driver's libraries: stem -> SONAME, with "{v}" standing for the driver version (a SONAME that is the
+# file's own name gets no link). "vdpau/" libraries live in the vdpau subdirectory.
+DRIVER_LIBRARIES = {
+    "libEGL_nvidia": "libEGL_nvidia.so.0",
+    "libGLESv1_CM_nvidia": "libGLESv1_CM_nvidia.so.1",
+    "libGLESv2_nvidia": "libGLESv2_nvidia.so.2",
+    "libGLX_nvidia": "libGLX_nvidia.so.0",
+    "libcuda": "libcuda.so.1",
+    "libcudadebugger": "libcudadebugger.so.1",
+    "libnvcuvid": "libnvcuvid.so.1",
+    "libnvidia-allocator": "libnvidia-allocator.so.1",
+    "libnvidia-cfg": "libnvidia-cfg.so.1",
+    "libnvidia-eglcore": "libnvidia-eglcore.so.{v}",
+    "libnvidia-encode": "libnvidia-encode.so.1",
+    "libnvidia-fbc": "libnvidia-fbc.so.1",
+    "libnvidia-glcore": "libnvidia-glcore.so.{v}",
+    "libnvidia-glsi": "libnvidia-glsi.so.{v}",
+    "libnvidia-glvkspirv": "libnvidia-glvkspirv.so.{v}",
+    "libnvidia-gpucomp": "libnvidia-gpucomp.so.{v}",
+    "libnvidia-ml": "libnvidia-ml.so.1",
+    "libnvidia-ngx": "libnvidia-ngx.so.1",
+    "libnvidia-nvvm": "libnvidia-nvvm.so.4",
+    "libnvidia-opencl": "libnvidia-opencl.so.1",
+    "libnvidia-opticalflow": "libnvidia-opticalflow.so.1",
+    "libnvidia-ptxjitcompiler": "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-rtcore": "libnvidia-rtcore.so.{v}",
+    "libnvidia-tls": "libnvidia-tls.so.{v}",
+    "libnvoptix": "libnvoptix.so.1",
+    "vdpau/libvdpau_nvidia": "libvdpau_nvidia.so.1",
+}
+# `.so` development links the installer made (each points at the SONAME link).
+DEV_LINKS = ("libcuda.so", "libnvidia-encode.so", "libnvidia-ml.so")
+# Graphics libraries versioned on their own: file name -> SONAME (a link to the file exists).
+EGL_PLATFORM_LIBRARIES = {
+    "libnvidia-egl-gbm.so.1.1.1": "libnvidia-egl-gbm.so.1",
+    "libnvidia-egl-wayland.so.1.1.13": "libnvidia-egl-wayland.so.1",
+}
+XORG_DIR = f"{LIBRARY_DIR}/nvidia/xorg"
+GRAPHICS_CONFIGS = (
+    "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+    "usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+    "usr/share/nvidia/nvoptix.bin",
+    "usr/share/X11/xorg.conf.d/10-nvidia.conf",
+    "usr/share/vulkan/icd.d/nvidia_icd.json",
+    "usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+)
+DRIVER_BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
+DRIVER_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+# Not the driver's: the C library and GLVND's dispatch libraries (their SONAME links too).
+NOT_DRIVER_LIBRARIES = {
+    "libc.so.6": "libc.so.6",
+    "libGLX.so.0.0.0": "libGLX.so.0",
+    "libEGL.so.1.1.0": "libEGL.so.1",
+}
+
+
+def driver_library_name(stem: str, version: str) -> str:
+    return f"{stem}.so.{version}"
+
+
+def write_driver_root(root: Path, version: str) -> None:
+    """Lay out the driver root of driver `version` under `root` (an empty or missing directory)."""
+    libs = root / LIBRARY_DIR
+    (libs / "vdpau").mkdir(parents=True)
+    for stem, soname in DRIVER_LIBRARIES.items():
+        path = libs / driver_library_name(stem, version)
+        _shared_object(path, soname.format(v=version))
+    for link in DEV_LINKS:
+        (libs / link).symlink_to(DRIVER_LIBRARIES[link.removesuffix(".so")])
+    for name, soname in {**EGL_PLATFORM_LIBRARIES, **NOT_DRIVER_LIBRARIES}.items():
+        _shared_object(libs / name, soname)
+    (libs / "gbm").mkdir()
+    (libs / "gbm/nvidia-drm_gbm.so").symlink_to("../libnvidia-allocator.so.1")
+    xorg = root / XORG_DIR
+    xorg.mkdir(parents=True)
+    _shared_object(xorg / "nvidia_drv.so", "nvidia_drv.so")
+    _shared_object(xorg / f"libglxserver_nvidia.so.{version}", f"libglxserver_nvidia.so.{version}")
+    (xorg / "libglxserver_nvidia.so").symlink_to(f"libglxserver_nvidia.so.{version}")
+    for config in GRAPHICS_CONFIGS:
+        (root / config).parent.mkdir(parents=True, exist_ok=True)
+        (root / config).write_text("{}\n")
+    (root / "usr/bin").mkdir(parents=True)
+    for name in DRIVER_BINARIES:
+        (root / "usr/bin" / name).write_bytes(b"\x7fELF")
+    firmware = root / "lib/firmware/nvidia" / version
+    firmware.mkdir(parents=True)
+    for name in DRIVER_FIRMWARE:
+        (firmware / name).write_bytes(b"\0")
+
+
+def _shared_object(path: Path, soname: str) -> None:
+    """`path` as a minimal ELF64 shared object naming `soname`, and the SONAME link ldconfig makes."""
+    path.write_bytes(elf_shared_object(soname))
+    if soname != path.name:
+        (path.parent / soname).symlink_to(path.name)
+
+
+def elf_shared_object(soname: str) -> bytes:
+    """An ELF64 little-endian x86_64 ET_DYN file with a .dynstr, a .dynamic holding DT_SONAME, a .shstrtab.
+
+    Only what a reader of the SONAME needs (section headers, as Go's debug/elf reads them); nothing runs it.
+    """
+    dynstr = b"\0" + soname.encode() + b"\0"
+    dynamic = struct.pack("<qQqQ", 14, 1, 0, 0)  # DT_SONAME -> dynstr offset 1; DT_NULL
+    shstrtab = b"\0.dynstr\0.dynamic\0.shstrtab\0"
+    header_size, section_header_size = 64, 64
+    dynstr_at = header_size
+    dynamic_at = dynstr_at + len(dynstr)
+    shstrtab_at = dynamic_at + len(dynamic)
+    sections_at = shstrtab_at + len(shstrtab)
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)  # ELFCLASS64, ELFDATA2LSB, EV_CURRENT
+    header = ident + struct.pack(
+        "<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, sections_at, 0, header_size, 56, 0, section_header_size, 4, 3
+    )
+    sections = [
+        bytes(section_header_size),
+        struct.pack("<IIQQQQIIQQ", 1, 3, 2, 0, dynstr_at, len(dynstr), 0, 0, 1, 0),  # .dynstr STRTAB
+        struct.pack("<IIQQQQIIQQ", 9, 6, 3, 0, dynamic_at, len(dynamic), 1, 0, 8, 16),  # .dynamic -> 1
+        struct.pack("<IIQQQQIIQQ", 18, 3, 0, 0, shstrtab_at, len(shstrtab), 0, 0, 1, 0),  # .shstrtab
+    ]
+    return header + dynstr + dynamic + shstrtab + b"".join(sections)

@@ -1,0 +1,243 @@
+"""The real Helm engine (Helm v4's Go library, through helm-sdkpy) installing a chart into a stand-in API.
+
+`helm install` is run for real: Helm renders the templates, asks the server's discovery which kinds exist,
+looks for objects it would overwrite, and creates every object with a POST. The stand-in (127.0.0.1 only)
+answers discovery for the kinds a device-plugin install uses, says "not found" to every lookup, and records
+each object Helm creates.
+
+`install()` returns what Helm rendered (the release manifest, as `helm template` prints it) and what it sent
+to the server. The release record Helm keeps (a Secret) is answered but not recorded. No template is
+evaluated here: a template error, a `fail` in the chart or an unknown kind is Helm's
+own error, raised as HelmFailure with Helm's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Kinds the stand-in serves: (group, version) -> [(resource, kind, namespaced)].
+API_RESOURCES: dict[tuple[str, str], list[tuple[str, str, bool]]] = {
+    ("", "v1"): [
+        ("namespaces", "Namespace", False),
+        ("configmaps", "ConfigMap", True),
+        ("services", "Service", True),
+        ("serviceaccounts", "ServiceAccount", True),
+        ("secrets", "Secret", True),
+    ],
+    ("apps", "v1"): [("daemonsets", "DaemonSet", True)],
+    ("rbac.authorization.k8s.io", "v1"): [
+        ("clusterroles", "ClusterRole", False),
+        ("clusterrolebindings", "ClusterRoleBinding", False),
+        ("roles", "Role", True),
+        ("rolebindings", "RoleBinding", True),
+    ],
+    ("networking.k8s.io", "v1"): [("networkpolicies", "NetworkPolicy", True)],
+    ("monitoring.coreos.com", "v1"): [("servicemonitors", "ServiceMonitor", True)],
+    ("node.k8s.io", "v1"): [("runtimeclasses", "RuntimeClass", False)],
+}
+_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+class HelmFailure(Exception):
+    """Helm refused the install (a template error or a `fail` in the chart); the message is Helm's."""
+
+
+@dataclass
+class Release:
+    manifest: str  # what Helm rendered, documents separated by ---
+    created: list[dict[str, Any]] = field(default_factory=list)  # what Helm POSTed, in order
+    notes: str = ""
+
+    def documents(self) -> list[dict[str, Any]]:
+        return [doc for doc in yaml.safe_load_all(self.manifest) if doc]
+
+
+def _discovery(path: str) -> Any:
+    if path == "/api":
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if path == "/apis":
+        groups = [
+            {
+                "name": group,
+                "versions": [{"groupVersion": f"{group}/{version}", "version": version}],
+                "preferredVersion": {"groupVersion": f"{group}/{version}", "version": version},
+            }
+            for group, version in API_RESOURCES
+            if group
+        ]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    for (group, version), resources in API_RESOURCES.items():
+        if path == (f"/apis/{group}/{version}" if group else f"/api/{version}"):
+            return {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}" if group else version,
+                "resources": [
+                    {
+                        "name": name,
+                        "singularName": kind.lower(),
+                        "namespaced": ns,
+                        "kind": kind,
+                        "verbs": _VERBS,
+                    }
+                    for name, kind, ns in resources
+                ],
+            }
+    return None
+
+
+class _StandInApi(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        path = self.path.partition("?")[0]
+        if path == "/version":
+            major, minor = self.server.kube_version.split(".")[:2]
+            return self._answer(200, {"major": major, "minor": minor, "gitVersion": f"v{major}.{minor}.0"})
+        found = _discovery(path)
+        if found is not None:
+            return self._answer(200, found)
+        if path.endswith("/secrets"):  # Helm's release storage: no release exists yet
+            return self._answer(200, {"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []})
+        status = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "reason": "NotFound",
+            "code": 404,
+        }
+        return self._answer(404, {**status, "message": f"{path} not found"})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > 4 << 20:
+            return self._answer(413, {"kind": "Status", "code": 413, "message": "too large"})
+        body = self.rfile.read(length)
+        if "/secrets" in self.path.partition("?")[0]:
+            # Helm's release record (protobuf, from client-go): kept nowhere, answered with a bare Secret.
+            name = self.path.partition("?")[0].rstrip("/").rpartition("/")[2]
+            return self._answer(201, {"kind": "Secret", "apiVersion": "v1", "metadata": {"name": name}})
+        created = json.loads(body)
+        with self.server.lock:
+            self.server.created.append(created)
+        metadata = {**created.get("metadata", {}), "uid": "0", "resourceVersion": "1"}
+        return self._answer(201, {**created, "metadata": metadata})
+
+    do_PUT = do_POST  # Helm marks its release record deployed with an update
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, kube_version: str) -> None:
+        super().__init__(("127.0.0.1", 0), _StandInApi)
+        self.kube_version = kube_version
+        self.created: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+
+@contextmanager
+def _stand_in_api(kube_version: str) -> Iterator[_Server]:
+    server = _Server(kube_version)
+    # A short poll interval: shutdown() waits for one, once per install.
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="helm-stand-in-api", daemon=True
+    )
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def _kubeconfig(url: str, namespace: str) -> str:
+    context = {"cluster": "stand-in", "user": "nobody", "namespace": namespace}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "stand-in", "cluster": {"server": url}}],
+            "users": [{"name": "nobody", "user": {}}],
+            "contexts": [{"name": "stand-in", "context": context}],
+            "current-context": "stand-in",
+        }
+    )
+
+
+def _helm() -> Any:
+    """helm_sdkpy, or a failure that says why it is missing."""
+    import helm_sdkpy
+
+    return helm_sdkpy
+
+
+_install_lock = threading.Lock()
+
+
+def install(
+    chart: Path,
+    values: Mapping[str, Any] | None = None,
+    *,
+    release: str = "nvidia-device-plugin",
+    namespace: str = "nvidia-device-plugin",
+    kube_version: str = "1.37",
+) -> Release:
+    """`helm install <release> <chart> -n <namespace> -f values` against a stand-in Kubernetes."""
+    helm = _helm()
+    with _install_lock, _stand_in_api(kube_version) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        configuration = helm.Configuration(namespace=namespace, kubeconfig=_kubeconfig(url, namespace))
+        try:
+            result = asyncio.run(
+                helm.Install(configuration).run(
+                    release, str(chart), values=dict(values or {}), wait=False, timeout=60
+                )
+            )
+        except helm.HelmError as exc:
+            raise HelmFailure(str(exc)) from None
+        with server.lock:
+            created = list(server.created)
+    return Release(manifest=result.get("manifest", ""), created=created, notes=_notes(result))
+
+
+def _notes(result: Mapping[str, Any]) -> str:
+    info = result.get("info") or {}
+    return str(info.get("notes") or "")
+
+
+# Helm's lint severities (pkg/chart/.../lint/support): 1 info, 2 warning, 3 error.
+LINT_WARNING = 2
+
+
+def lint(chart: Path) -> list[dict[str, Any]]:
+    """`helm lint <chart>`: its messages (Severity, Path), errors included."""
+    helm = _helm()
+    offline = _kubeconfig("http://127.0.0.1:9", "default")  # lint renders without asking a cluster
+    with _install_lock:
+        configuration = helm.Configuration(namespace="nvidia-device-plugin", kubeconfig=offline)
+        result = asyncio.run(helm.Lint(configuration).run(str(chart)))
+    messages: list[dict[str, Any]] = list(result.get("Messages") or [])
+    return messages + [{"Severity": 3, "Path": "", "Err": e} for e in result.get("Errors") or []]

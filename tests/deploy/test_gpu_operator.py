@@ -1,0 +1,244 @@
+"""The GPU Operator's contract: its device-plugin DaemonSet (data/gpu-operator/, transformed as
+gpu_operator.py says) runs this image's entry points with exactly the Operator's env and args.
+
+The processes get the env the Operator gives each container, plus only what a pod has and a test process has
+not: the volumes (every path the Operator mounts is a directory under tmp_path, and env values naming a mount
+path are moved with it), kubelet's device-plugin directory (DEVICE_PLUGIN_PATH, the same directory under
+tmp_path), no GPU (NVDP_SIMULATE=dgx-a100), a free metrics port, and the API server (a stand-in, named by
+config-manager's --kubeconfig flag: the Operator's KUBECONFIG="" means the pod's service account). The
+plugin is started by the Operator's own entrypoint script under /bin/sh. The pod's containers share a process
+namespace as the Operator's pod does (shareProcessNamespace), here a PID namespace of their own (unshare), so
+the sidecar's SIGHUP reaches this pod's plugin and nothing else on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from gpu_operator import (
+    INIT,
+    PLUGIN,
+    SIDECAR,
+    cluster_policy_in,
+    container,
+    entrypoint_script,
+    env_of,
+    transform,
+)
+
+from nvidia_device_plugin import __version__
+from nvidia_device_plugin.configmanager.settings import parse_settings
+from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+
+from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+DOCS = ROOT / "docs" / "operations.md"
+CHART_VALUES = ROOT / "deployments" / "helm" / "nvidia-device-plugin" / "values.yaml"
+# The mounts of the Operator's pod that the processes read or write.
+MOUNTS = ("/available-configs", "/config", "/run/nvidia/validations", "/run/nvidia/mps")
+# What the Operator's validator writes for a driver installed on the host; the entrypoint sources it.
+DRIVER_READY = "".join(
+    f"{line}\n"
+    for line in (
+        "IS_HOST_DRIVER=true",
+        "NVIDIA_DRIVER_ROOT=/",
+        "DRIVER_ROOT_CTR_PATH=/host",
+        "NVIDIA_DEV_ROOT=/",
+        "DEV_ROOT_CTR_PATH=/host",
+    )
+)
+
+
+def _policy() -> dict[str, Any]:
+    spec: dict[str, Any] = cluster_policy_in(DOCS)["spec"]
+    return spec
+
+
+def _remap(env: dict[str, str], root: Path) -> dict[str, str]:
+    """Env values naming a mount path, moved under `root` with the mount."""
+    moved = {}
+    for name, value in env.items():
+        for mount in MOUNTS:
+            if value == mount or value.startswith(mount + "/"):
+                value = str(root) + value
+                break
+        moved[name] = value
+    return moved
+
+
+def _process_env(container_env: dict[str, str]) -> dict[str, str]:
+    # PATH as the image has it (the venv's bin first); nothing else of the test's environment leaks in.
+    return {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": "/nonexistent", **container_env}
+
+
+# ---- settings: the Operator's values and NVIDIA's flag forms -----------------------------------------------
+
+
+def test_the_operators_empty_signal_and_process_mean_the_defaults() -> None:
+    daemonset = transform(_policy())
+    init = parse_settings([], env_of(container(daemonset, INIT), NODE))
+    assert (init.oneshot, init.send_signal) == (True, False)
+    assert init.signal == signal.SIGHUP and init.process_to_signal == "nvidia-device-plugin"
+    assert init.kubeconfig == "" and init.default_config == _policy()["devicePlugin"]["config"]["default"]
+    sidecar = parse_settings([], env_of(container(daemonset, SIDECAR), NODE))
+    assert (sidecar.oneshot, sidecar.send_signal, sidecar.signal) == (False, True, signal.SIGHUP)
+    assert [s.value for s in sidecar.fallback_strategies] == ["empty"]
+
+
+def test_nvidias_flag_forms_bare_switches_and_kubeconfig() -> None:
+    required = {"NODE_NAME": NODE, "CONFIG_FILE_SRCDIR": "/available-configs", "CONFIG_FILE_DST": "/config/c"}
+    settings = parse_settings(["--oneshot", "--kubeconfig", "/etc/k.yaml", "--send-signal"], required)
+    assert (settings.oneshot, settings.send_signal, settings.kubeconfig) == (True, True, "/etc/k.yaml")
+    assert parse_settings(["--oneshot=false"], {**required, "ONESHOT": "true"}).oneshot is False
+    assert parse_settings(["--oneshot", "false"], required).oneshot is False
+    assert parse_settings([], {**required, "KUBECONFIG": "/k"}).kubeconfig == "/k"
+
+
+# ---- the ClusterPolicy in docs/operations.md ------------------------------------------------------------
+
+
+def test_the_documented_cluster_policy_runs_this_image_in_every_container() -> None:
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    expected = f"{values['image']['repository']}:{__version__}"
+    daemonset = transform(_policy())
+    for name in (PLUGIN, INIT, SIDECAR):
+        assert container(daemonset, name)["image"] == expected, name
+    assert _policy()["devicePlugin"]["config"]["name"], "the documented policy sets a config ConfigMap"
+
+
+def test_without_a_config_the_operator_runs_the_plugin_alone() -> None:
+    spec = _policy()
+    spec["devicePlugin"] = {k: v for k, v in spec["devicePlugin"].items() if k != "config"}
+    pod = transform(spec)["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == [PLUGIN]
+    assert [c["name"] for c in pod["initContainers"]] == ["toolkit-validation"]
+
+
+# ---- the processes ------------------------------------------------------------------------------------
+
+
+def _available_configs(root: Path) -> Path:
+    directory = root / "available-configs"
+    directory.mkdir()
+    (directory / "default").write_text("version: v1\nflags:\n  migStrategy: none\n")
+    shutil.copy(ROOT / "configs" / "time-slicing.yaml", directory / "time-slicing")
+    (root / "config").mkdir()
+    return directory
+
+
+def _config_manager(name: str, root: Path, kubeconfig: Path) -> tuple[list[str], dict[str, str]]:
+    """argv and env of the Operator's config-manager container `name` (the one flag added: --kubeconfig)."""
+    spec = container(transform(_policy()), name)
+    assert spec["command"] == ["config-manager"] and "args" not in spec
+    env = _remap(env_of(spec, NODE), root)
+    return [*spec["command"], f"--kubeconfig={kubeconfig}"], _process_env(env)
+
+
+@pytest.mark.parametrize(("label", "chosen"), [("time-slicing", "time-slicing"), (None, "default")])
+def test_config_manager_init_links_the_config_with_the_operators_env(
+    tmp_path: Path, label: str | None, chosen: str
+) -> None:
+    configs = _available_configs(tmp_path)
+    with FakeApiServer({LABEL: label} if label else {}) as api:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        argv, env = _config_manager(INIT, tmp_path, kubeconfig)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(tmp_path / "config" / "config.yaml") == str(configs / chosen)
+
+
+@pytest.fixture
+def pid_namespace() -> Iterator[list[str]]:
+    """The prefix that runs a command as PID 1 of a new PID namespace with its own /proc."""
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    if os.geteuid() != 0:
+        prefix[1:1] = ["--user", "--map-root-user"]
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no PID namespace for the Operator's pod (unshare: {probe.stderr.strip()})")
+    yield prefix
+
+
+def _pod_script(root: Path, kubeconfig: Path) -> tuple[str, dict[str, str]]:
+    """A shell script standing in for the pod: init container, then sidecar and plugin side by side."""
+    daemonset = transform(_policy())
+    plugin = container(daemonset, PLUGIN)
+    assert plugin["command"] == ["/bin/sh", "-c"] and plugin["args"] == ["/bin/entrypoint.sh"]
+    (root / "run" / "nvidia" / "validations").mkdir(parents=True)
+    (root / "run" / "nvidia" / "validations" / "driver-ready").write_text(DRIVER_READY)
+    entrypoint = root / "entrypoint.sh"
+    entrypoint.write_text(
+        entrypoint_script().replace("/run/nvidia/validations", f"{root}/run/nvidia/validations")
+    )
+    entrypoint.chmod(0o700)
+    init_argv, init_env = _config_manager(INIT, root, kubeconfig)
+    sidecar_argv, sidecar_env = _config_manager(SIDECAR, root, kubeconfig)
+    plugin_env = _remap(env_of(plugin, NODE), root)
+    exports = {"INIT": init_env, "SIDECAR": sidecar_env, "PLUGIN": plugin_env}
+    lines = ["set -e"]
+    for name, env in exports.items():
+        assignments = " ".join(f"{k}={_quote(v)}" for k, v in env.items())
+        lines.append(f"{name}_ENV='{assignments}'")
+    lines += [
+        f"env -i $INIT_ENV {' '.join(init_argv)}",
+        f"env -i $SIDECAR_ENV {' '.join(sidecar_argv)} &",
+        f"exec env -i $PLUGIN_ENV {' '.join(plugin['command'])} {entrypoint}",
+    ]
+    return "\n".join(lines) + "\n", plugin_env
+
+
+def _quote(value: str) -> str:
+    assert "'" not in value and " " not in value, f"{value!r} needs quoting the pod script does not do"
+    return value
+
+
+def test_the_operators_pod_serves_and_follows_the_node_label(
+    tmp_path: Path, plugin_dir: Path, pid_namespace: list[str]
+) -> None:
+    configs = _available_configs(tmp_path)
+    (tmp_path / "run" / "nvidia" / "mps").mkdir(parents=True)
+    with FakeApiServer({LABEL: "time-slicing"}) as api, KubeletStandIn(plugin_dir) as kubelet:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        script, plugin_env = _pod_script(tmp_path, kubeconfig)
+        assert plugin_env["CONFIG_FILE"] == f"{tmp_path}/config/config.yaml"
+        extra = f"NVDP_SIMULATE=dgx-a100 NVDP_METRICS_ADDRESS=127.0.0.1:0 DEVICE_PLUGIN_PATH={plugin_dir} "
+        script = script.replace("PLUGIN_ENV='", f"PLUGIN_ENV='PATH={BIN}:/usr/bin:/bin {extra}")
+        log = (tmp_path / "pod.log").open("w")
+        pod = subprocess.Popen(
+            [*pid_namespace, "/bin/sh", "-c", script], stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            wait_for(
+                lambda: len(kubelet.devices("nvidia.com/gpu")) == 32, "the time-slicing config (8 x 4)", 60
+            )
+            assert os.readlink(tmp_path / "config" / "config.yaml") == str(configs / "time-slicing")
+            devices = kubelet.devices("nvidia.com/gpu")
+            assert {d.health for d in devices.values()} == {"Healthy"}
+            _, answer = kubelet.admit("nvidia.com/gpu", 2)
+            assert answer.envs["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")  # DEVICE_LIST_STRATEGY=envvar
+            assert any(d.host_path == "/dev/nvidiactl" for d in answer.devices)  # PASS_DEVICE_SPECS=true
+            api.set_label("default")
+            wait_for(
+                lambda: len(kubelet.devices("nvidia.com/gpu")) == 8, "the label's new config (8 GPUs)", 60
+            )
+        finally:
+            pod.kill()  # unshare ignores SIGTERM while it waits; --kill-child then ends the whole namespace
+            pod.wait(timeout=30)
+            log.close()
+    output = (tmp_path / "pod.log").read_text()
+    assert "Starting nvidia-device-plugin" in output, output
+    assert "IS_HOST_DRIVER=true" in output, "the entrypoint prints the driver-ready file it sources"
+    # The sidecar's SIGHUP (SEND_SIGNAL=true, PROCESS_TO_SIGNAL=nvidia-device-plugin) found this pod's plugin.
+    assert "sent signal 1 to nvidia-device-plugin" in output, output
