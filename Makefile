@@ -32,11 +32,16 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# Kubelet's protos are all named api.proto: each is compiled under its own path prefix, so the generated
+# modules (and the descriptor pool's file names) do not collide.
+PROTOS := nvidia_device_plugin/api/v1beta1/api.proto \
+	nvidia_device_plugin/api/podresources/v1/api.proto \
+	nvidia_device_plugin/api/dra/v1/api.proto \
+	nvidia_device_plugin/api/dra/v1beta1/api.proto \
+	nvidia_device_plugin/api/pluginregistration/v1/api.proto
+
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-		nvidia_device_plugin/api/v1beta1/api.proto
-	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
-		nvidia_device_plugin/api/podresources/v1/api.proto
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

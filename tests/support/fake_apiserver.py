@@ -7,6 +7,10 @@ a 410 Status (the client lists again). Every loop is bounded and the server stop
 
 Namespaced objects (a NodeFeature, a Pod) are served by `objects` (support/fake_objects.py): GET, and POST and
 PUT validated against the JSON schema registered for their kind.
+
+ResourceClaims (resource.k8s.io/v1) are served by `ResourceClaims` (the `claims` attribute, asked first): `GET
+/apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>` answers the claim a test put there, 404
+for one it did not, or the failure a test set.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from support.fake_objects import ObjectStore
+from support.fake_objects import ObjectStore, status
 
 NODE = "gpu-node-1"
 LABEL = "nvidia.com/device-plugin.config"
@@ -41,6 +45,7 @@ class FakeApiServer:
         }
         self.requests: list[dict[str, list[str]]] = []  # query of each node request, in order
         self.objects = ObjectStore()
+        self.claims = ResourceClaims()
         self.feed: queue.Queue[object] = queue.Queue()
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -98,6 +103,9 @@ class FakeApiServer:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if (answer := fake.claims.answer(url.path)) is not None:
+                    self._send(*answer)
+                    return
                 if fake.objects.serves(url.path):
                     self._send(*fake.objects.answer("GET", url.path, None))
                     return
@@ -183,6 +191,44 @@ class FakeApiServer:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
+
+
+class ResourceClaims:
+    """The ResourceClaims the stand-in serves, by namespace and name; `reads` records each GET."""
+
+    PREFIX = "/apis/resource.k8s.io/v1/namespaces/"
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stored: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads: list[tuple[str, str]] = []
+        self.failure: tuple[int, str] | None = None  # (HTTP status, message) every read answers instead
+
+    def put(self, claim: dict[str, Any]) -> None:
+        meta = claim["metadata"]
+        with self.lock:
+            self.stored[(meta["namespace"], meta["name"])] = copy.deepcopy(claim)
+
+    def delete(self, namespace: str, name: str) -> None:
+        with self.lock:
+            self.stored.pop((namespace, name), None)
+
+    def answer(self, path: str) -> tuple[int, dict[str, Any]] | None:
+        """(status, body) for a claim's path; None for any other path (the other routes answer it)."""
+        parts = path.removeprefix(self.PREFIX).split("/")
+        if not path.startswith(self.PREFIX) or len(parts) != 3 or parts[1] != "resourceclaims":
+            return None
+        namespace, _, name = parts
+        with self.lock:
+            self.reads.append((namespace, name))
+            if self.failure is not None:
+                code, message = self.failure
+                return code, status(code, "InternalError" if code >= 500 else "Forbidden", message)
+            claim = self.stored.get((namespace, name))
+        if claim is None:
+            message = f'resourceclaims.resource.k8s.io "{name}" not found'
+            return 404, status(404, "NotFound", message)
+        return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim}
 
 
 def write_kubeconfig(path: Path, server_url: str) -> Path:

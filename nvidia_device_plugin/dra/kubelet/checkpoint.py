@@ -1,0 +1,203 @@
+"""What the plugin has prepared, kept across restarts: one JSON file, replaced atomically.
+
+Each claim goes through two states. PrepareStarted is written before the claim's CDI spec, PrepareCompleted
+after it, so a daemon killed in between finds the claim started and prepares it again (writing the spec is
+idempotent), and an unprepare finds it either way. A repeated prepare of a completed claim answers from
+here, without asking the API again.
+
+The file carries the boot ID (/proc/sys/kernel/random/boot_id) of the boot that wrote it. After a reboot
+every claim is gone with the containers that used it (kubelet prepares them anew), so a file from another
+boot is dropped as a whole, and the claims it held are returned for their specs to be removed. A file that
+cannot be read or decoded is set aside as `<name>.corrupt` and the plugin starts empty: a claim it then
+lacks is prepared again from the API, and its spec is found by name on unprepare.
+
+Reads are bounded (MAX_CHECKPOINT_BYTES) and never block: O_NONBLOCK, a regular file only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError, PreparedDevice
+
+log = logging.getLogger(__name__)
+
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+FORMAT_VERSION = 1
+# 10,000 claims of 8 devices each take a few MiB; a node holds a few hundred at most.
+MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
+_MAX_BOOT_ID_BYTES = 256
+CHECKPOINT_FILE_MODE = 0o600  # names the node's claims; nobody else needs to read it
+
+State = Literal["PrepareStarted", "PrepareCompleted"]
+STARTED: State = "PrepareStarted"
+COMPLETED: State = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One claim in the checkpoint."""
+
+    ref: ClaimRef
+    state: State
+    devices: tuple[PreparedDevice, ...] = ()
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file `path`, at most `limit`; OSError or DraError naming it otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DraError(f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        remaining = limit + 1  # one byte over the limit tells "too big" from "exactly the limit"
+        while remaining > 0 and (chunk := os.read(fd, min(remaining, 65536))):
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise DraError(f"{path} is larger than {limit // 1024} KiB")
+    return data
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    """This boot's ID; DraError when it cannot be read (then reboots could not be told apart)."""
+    try:
+        text = read_bounded(path, _MAX_BOOT_ID_BYTES).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError, DraError) as exc:
+        raise DraError(f"cannot read the boot ID from {path}: {exc}") from None
+    if not text:
+        raise DraError(f"the boot ID file {path} is empty")
+    return text
+
+
+class Checkpoint:
+    """The claims this node has prepared (or started to), by UID; `save` after each change."""
+
+    def __init__(self, path: Path, boot_id: str, entries: dict[str, Entry] | None = None) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self._entries = dict(entries or {})
+
+    @classmethod
+    def load(cls, path: Path, boot_id: str) -> tuple[Checkpoint, tuple[Entry, ...]]:
+        """The checkpoint at `path` for boot `boot_id`, and the entries dropped (a file of another boot)."""
+        try:
+            document = json.loads(read_bounded(path, MAX_CHECKPOINT_BYTES))
+            written_by, entries = _decode(document)
+        except FileNotFoundError:
+            return cls(path, boot_id), ()
+        except (OSError, ValueError, DraError) as exc:
+            _set_aside(path, exc)
+            return cls(path, boot_id), ()
+        if written_by != boot_id:
+            log.info(
+                "DRA checkpoint %s was written before the node rebooted (boot ID %s, now %s): its %d "
+                "claim(s) are forgotten",
+                path,
+                written_by,
+                boot_id,
+                len(entries),
+            )
+            return cls(path, boot_id), tuple(entries.values())
+        return cls(path, boot_id, entries), ()
+
+    def get(self, uid: str) -> Entry | None:
+        return self._entries.get(uid)
+
+    def put(self, uid: str, entry: Entry) -> None:
+        self._entries[uid] = entry
+
+    def pop(self, uid: str) -> Entry | None:
+        return self._entries.pop(uid, None)
+
+    def __iter__(self) -> Iterator[tuple[str, Entry]]:
+        return iter(list(self._entries.items()))
+
+    def save(self) -> None:
+        """Write the file atomically; DraError naming the path when that fails."""
+        claims = {uid: _encode_entry(entry) for uid, entry in self._entries.items()}
+        document = {"version": FORMAT_VERSION, "bootID": self.boot_id, "claims": claims}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            replace_file(self.path, json.dumps(document, indent=1) + "\n", CHECKPOINT_FILE_MODE)
+        except OSError as exc:
+            raise DraError(f"cannot write the DRA checkpoint {self.path}: {exc.strerror or exc}") from None
+
+
+def _set_aside(path: Path, problem: Exception) -> None:
+    aside = path.with_name(path.name + ".corrupt")
+    try:
+        os.replace(path, aside)
+        where = f"moved to {aside}"
+    except OSError as exc:
+        where = f"and could not be moved to {aside} ({exc.strerror or exc})"
+    log.error(
+        "DRA checkpoint %s cannot be used (%s); %s: starting with no prepared claims (kubelet's prepares "
+        "read the claims from the API again)",
+        path,
+        problem,
+        where,
+    )
+
+
+def _encode_entry(entry: Entry) -> dict[str, Any]:
+    return {
+        "namespace": entry.ref.namespace,
+        "name": entry.ref.name,
+        "state": entry.state,
+        "devices": [
+            {
+                "requests": list(d.requests),
+                "pool": d.pool,
+                "device": d.device,
+                "cdiDeviceIDs": list(d.cdi_ids),
+            }
+            for d in entry.devices
+        ],
+    }
+
+
+def _decode(document: Any) -> tuple[str, dict[str, Entry]]:
+    """(boot ID, entries) of a checkpoint document; ValueError naming what is wrong."""
+    if not isinstance(document, dict) or document.get("version") != FORMAT_VERSION:
+        raise ValueError(f"not a version {FORMAT_VERSION} DRA checkpoint")
+    boot_id, claims = document.get("bootID"), document.get("claims")
+    if not isinstance(boot_id, str) or not isinstance(claims, dict):
+        raise ValueError("bootID or claims missing")
+    entries = {}
+    for uid, raw in claims.items():
+        try:
+            state = raw["state"]
+            if state not in (STARTED, COMPLETED):
+                raise ValueError(f"claim {uid!r}: unknown state {state!r}")
+            ref = ClaimRef(_text(raw["namespace"]), _text(raw["name"]), _text(uid))
+            devices = tuple(
+                PreparedDevice(
+                    tuple(map(_text, d["requests"])),
+                    _text(d["pool"]),
+                    _text(d["device"]),
+                    tuple(map(_text, d["cdiDeviceIDs"])),
+                )
+                for d in raw["devices"]
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"claim {uid!r}: {exc!r}") from None
+        entries[uid] = Entry(ref, state, devices)
+    return boot_id, entries
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value

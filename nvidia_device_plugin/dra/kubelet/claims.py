@@ -1,0 +1,150 @@
+"""ResourceClaims from the API (resource.k8s.io/v1), and what a prepare reads from one.
+
+Kubelet sends only claim references; the allocation is in the claim's `status.allocation`, read here with
+one GET per claim (`get` on `resourceclaims` is the only RBAC this needs). The request is bounded: a
+connect and a read timeout, and at most MAX_CLAIM_BYTES of body. `allocated_results` turns the answer
+into this driver's allocation results, refusing (ClaimError) a claim that was replaced (another UID under
+the same name: the pod's claim was deleted and made anew), one not allocated yet, and one carrying opaque
+driver config, which this plugin does not apply (a config silently ignored would be a silent
+degradation). A request's subrequest name (`r/a100`, from `firstAvailable`) is stripped to the request
+the containers name (`r`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import urllib3
+from kubernetes import client as kube_client
+from kubernetes.client.exceptions import ApiException
+
+from nvidia_device_plugin.dra.kubelet.model import ClaimError, ClaimRef
+
+CONNECT_TIMEOUT_S = 5.0
+# Kubelet waits 45 s for the whole NodePrepareResources call; a claim read gets well under that.
+READ_TIMEOUT_S = 10.0
+# A ResourceClaim with 32 requests of 32 devices each is a few tens of KiB; etcd allows 1.5 MiB per object.
+MAX_CLAIM_BYTES = 2 * 1024 * 1024
+
+
+class ClaimSource(Protocol):
+    """Where prepares read claims: the API (ApiClaimSource), or whatever a test puts in its place."""
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ResourceClaim as the API returns it (JSON); ClaimError saying why it cannot be read."""
+        ...
+
+
+@dataclass(frozen=True)
+class AllocationResult:
+    """One of this driver's entries in a claim's status.allocation.devices.results."""
+
+    request: str  # the request the containers name (a subrequest's "r/a100" as "r")
+    pool: str
+    device: str
+
+
+class ApiClaimSource:
+    """Reads ResourceClaims through a `kubernetes` ApiClient (in-cluster or kubeconfig credentials)."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        self._api = kube_client.ResourceV1Api(api_client)
+        self._timeouts = (connect_timeout_s, read_timeout_s)
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        what = f"reading ResourceClaim {namespace}/{name} from the API"
+        try:
+            # The urllib3 response, read here with a bound (the annotation says ResourceV1ResourceClaim).
+            response: Any = self._api.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=self._timeouts
+            )
+            try:
+                body = response.read(MAX_CLAIM_BYTES + 1)
+            finally:
+                response.release_conn()
+        except ApiException as exc:
+            raise ClaimError(f"{what} failed: {_describe(exc)}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClaimError(f"{what} failed: {exc}") from None
+        if len(body) > MAX_CLAIM_BYTES:
+            raise ClaimError(f"{what}: the answer is over {MAX_CLAIM_BYTES // 1024} KiB; refused")
+        try:
+            document = json.loads(body)
+        except ValueError as exc:
+            raise ClaimError(f"{what}: the answer is not JSON ({exc})") from None
+        if not isinstance(document, dict):
+            raise ClaimError(f"{what}: the answer is not an object")
+        return document
+
+
+def _describe(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "").get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        message = ""
+    hint = ""
+    if exc.status == 404:
+        hint = " (the claim was deleted)"
+    elif exc.status in (401, 403):
+        hint = " (the daemon's ServiceAccount needs `get` on resourceclaims.resource.k8s.io)"
+    return f"HTTP {exc.status} {exc.reason}" + (f": {message}" if message else "") + hint
+
+
+def allocated_results(ref: ClaimRef, claim: dict[str, Any], driver: str) -> tuple[AllocationResult, ...]:
+    """This driver's allocation results of `claim`, which kubelet named `ref`; ClaimError when refused."""
+    uid = _field(claim, "metadata", "uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"{ref.label}: the API's claim of that name has UID {uid or '(none)'}: it was replaced "
+            "since kubelet saw it; not prepared"
+        )
+    allocation = _field(claim, "status", "allocation")
+    if not isinstance(allocation, dict):
+        raise ClaimError(f"{ref.label} is not allocated (status.allocation is empty); not prepared")
+    devices = allocation.get("devices") or {}
+    if not isinstance(devices, dict):
+        raise ClaimError(f"{ref.label}: status.allocation.devices is not an object")
+    _refuse_opaque_config(ref, devices.get("config") or [], driver)
+    results = devices.get("results") or []
+    if not isinstance(results, list):
+        raise ClaimError(f"{ref.label}: status.allocation.devices.results is not a list")
+    ours = []
+    for n, result in enumerate(results):
+        if not isinstance(result, dict):
+            raise ClaimError(f"{ref.label}: status.allocation.devices.results[{n}] is not an object")
+        if result.get("driver") != driver:
+            continue  # another driver's device in the same claim: its own plugin prepares it
+        request, pool, device = (result.get(key) for key in ("request", "pool", "device"))
+        if not (isinstance(request, str) and isinstance(pool, str) and isinstance(device, str)):
+            raise ClaimError(
+                f"{ref.label}: status.allocation.devices.results[{n}] lacks request, pool or device"
+            )
+        ours.append(AllocationResult(request.split("/", 1)[0], pool, device))
+    return tuple(ours)
+
+
+def _refuse_opaque_config(ref: ClaimRef, configs: Any, driver: str) -> None:
+    if not isinstance(configs, list):
+        raise ClaimError(f"{ref.label}: status.allocation.devices.config is not a list")
+    for n, config in enumerate(configs):
+        opaque = config.get("opaque") if isinstance(config, dict) else None
+        if isinstance(opaque, dict) and opaque.get("driver") == driver:
+            raise ClaimError(
+                f"{ref.label}: status.allocation.devices.config[{n}] is opaque config for {driver}, which "
+                "this plugin does not apply (sharing comes from the DeviceClass); remove it from the "
+                "claim or its DeviceClass"
+            )
+
+
+def _field(document: dict[str, Any], *path: str) -> Any:
+    value: Any = document
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value

@@ -1,0 +1,190 @@
+"""NodePrepareResources and NodeUnprepareResources, claim by claim: the checkpoint, the API, the node's
+devices and the claim's CDI spec, in that order.
+
+Prepare of one claim: a claim the checkpoint has completed (and whose spec is in place) is answered from
+the checkpoint. Otherwise the claim is read from the API and checked (claims.allocated_results), each of
+this driver's results must name a device this node publishes, the claim is recorded as started, its spec
+written, and it is recorded as completed. Unprepare removes the spec, then the entry; a claim never
+prepared here (or forgotten at a reboot) is unprepared successfully, with nothing to do.
+
+Every refusal is per claim (ClaimOutcome.error, the response map's `error`): the other claims of the call
+are still prepared, kubelet retries the refused one and fails the pod's start meanwhile. NVIDIA's driver
+fails the whole call instead; kubelet treats both as a failed prepare. A refusal is logged once per claim
+and reason (kubelet retries every few seconds). Calls for different claims run in parallel; calls for the
+same claim one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from nvidia_device_plugin.dra.kubelet.cdispec import (
+    claim_cdi_id,
+    claim_spec,
+    claim_spec_exists,
+    remove_claim_spec,
+    write_claim_spec,
+)
+from nvidia_device_plugin.dra.kubelet.checkpoint import COMPLETED, STARTED, Checkpoint, Entry
+from nvidia_device_plugin.dra.kubelet.claims import AllocationResult, ClaimSource, allocated_results
+from nvidia_device_plugin.dra.kubelet.model import (
+    ClaimError,
+    ClaimOutcome,
+    ClaimRef,
+    DraError,
+    NodeDevices,
+    PreparedDevice,
+)
+from nvidia_device_plugin.dra.names import DraDevice
+from nvidia_device_plugin.logs import FailureLog
+
+log = logging.getLogger(__name__)
+
+_STRIPES = 64  # locks claims are spread over: one claim at a time, different claims mostly in parallel
+_MAX_REMEMBERED_FAILURES = 1024  # refusals kept for log-once; beyond that the log starts afresh
+
+
+class ClaimPreparer:
+    """Prepares claims for driver `driver` from `claims` (the API), `node` (the devices now) and the
+    checkpoint; specs go to `spec_dir`."""
+
+    def __init__(
+        self,
+        driver: str,
+        claims: ClaimSource,
+        node: Callable[[], NodeDevices | None],
+        spec_dir: Path,
+        checkpoint: Checkpoint,
+    ) -> None:
+        self._driver = driver
+        self._claims = claims
+        self._node = node
+        self._spec_dir = spec_dir
+        self._checkpoint = checkpoint
+        self._lock = threading.Lock()  # the checkpoint and its file
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._failures = FailureLog(log)
+
+    # ---- the two calls ---------------------------------------------------------------------------
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimOutcome]:
+        """Each claim's devices or error, by UID."""
+        outcomes = {}
+        for ref in refs:
+            outcomes[ref.uid] = self._guarded(ref, "prepare", self._prepare)
+        return outcomes
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+        """Each claim's error, None where it was unprepared (or was not prepared here), by UID."""
+        errors = {}
+        for ref in refs:
+            errors[ref.uid] = self._guarded(ref, "unprepare", self._unprepare).error
+        return errors
+
+    def prepared(self) -> dict[str, tuple[str, ...]]:
+        """The device names of every claim prepared (or being prepared) here, by claim UID."""
+        with self._lock:
+            return {uid: tuple(d.device for d in entry.devices) for uid, entry in self._checkpoint}
+
+    # ---- one claim -------------------------------------------------------------------------------
+
+    def _guarded(
+        self, ref: ClaimRef, what: str, work: Callable[[ClaimRef], ClaimOutcome | None]
+    ) -> ClaimOutcome:
+        """`work(ref)` holding the claim's lock; a refusal or a surprise becomes the claim's error."""
+        key = f"{what} {ref.uid}"
+        try:
+            with self._stripes[hash(ref.uid) % _STRIPES]:
+                outcome = work(ref) or ClaimOutcome()
+        except DraError as exc:  # ClaimError included: a condition, said once per reason
+            message = f"{what} of {ref.label} refused: {exc}"
+            if len(self._failures) > _MAX_REMEMBERED_FAILURES:
+                self._failures.clear_all()
+            self._failures.report(key, message)
+            return ClaimOutcome(error=message)
+        except Exception as exc:  # a bug: this claim fails, the call and the server go on
+            log.exception("%s of %s failed unexpectedly", what, ref.label)
+            return ClaimOutcome(error=f"{what} of {ref.label} failed: internal error {exc!r}")
+        self._failures.clear(key)
+        return outcome
+
+    def _prepare(self, ref: ClaimRef) -> ClaimOutcome:
+        with self._lock:
+            entry = self._checkpoint.get(ref.uid)
+        if entry is not None and entry.state == COMPLETED:
+            if not entry.devices or claim_spec_exists(self._spec_dir, ref.uid):
+                return ClaimOutcome(entry.devices)
+            log.warning("the CDI spec of %s is gone; preparing it again", ref.label)
+        results = allocated_results(ref, self._claims.get(ref.namespace, ref.name), self._driver)
+        node = self._node()
+        if node is None:
+            raise ClaimError("this node's devices are not known yet (no inventory has been served)")
+        devices = _devices_named(self._driver, results, node.devices)
+        prepared = _prepared_devices(ref.uid, results)
+        self._record(ref.uid, Entry(ref, STARTED, prepared))
+        if devices:
+            write_claim_spec(self._spec_dir, claim_spec(ref.uid, devices, node))
+        self._record(ref.uid, Entry(ref, COMPLETED, prepared))
+        log.info(
+            "prepared %s: %s", ref.label, ", ".join(d.device for d in prepared) or "no device of this driver"
+        )
+        return ClaimOutcome(prepared)
+
+    def _unprepare(self, ref: ClaimRef) -> None:
+        removed = remove_claim_spec(self._spec_dir, ref.uid)
+        with self._lock:
+            entry = self._checkpoint.pop(ref.uid)
+            if entry is not None:
+                try:
+                    self._checkpoint.save()
+                except DraError:
+                    self._checkpoint.put(ref.uid, entry)
+                    raise
+        if entry is not None or removed:
+            log.info("unprepared %s", ref.label)
+        else:
+            log.debug("unprepare of %s: not prepared here, nothing to do", ref.label)
+
+    def _record(self, uid: str, entry: Entry) -> None:
+        """Put `entry` into the checkpoint and save it; on failure the checkpoint is as it was."""
+        with self._lock:
+            before = self._checkpoint.get(uid)
+            self._checkpoint.put(uid, entry)
+            try:
+                self._checkpoint.save()
+            except DraError:
+                if before is None:
+                    self._checkpoint.pop(uid)
+                else:
+                    self._checkpoint.put(uid, before)
+                raise
+
+
+def _devices_named(
+    driver: str, results: Sequence[AllocationResult], devices: Mapping[str, DraDevice]
+) -> list[DraDevice]:
+    """The distinct devices `results` name, in order; ClaimError naming those this node does not have."""
+    missing = sorted({r.device for r in results if r.device not in devices})
+    if missing:
+        have = ", ".join(sorted(devices)) or "none"
+        raise ClaimError(
+            f"allocated device(s) {', '.join(missing)} of driver {driver} are not on this node "
+            f"(it has {have}); was the claim allocated against an older ResourceSlice?"
+        )
+    return [devices[name] for name in dict.fromkeys(r.device for r in results)]
+
+
+def _prepared_devices(uid: str, results: Sequence[AllocationResult]) -> tuple[PreparedDevice, ...]:
+    """One entry per allocated device (a device shared by several requests lists them all)."""
+    requests: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        names = requests.setdefault((r.pool, r.device), [])
+        if r.request not in names:
+            names.append(r.request)
+    return tuple(
+        PreparedDevice(tuple(names), pool, device, (claim_cdi_id(uid, device),))
+        for (pool, device), names in requests.items()
+    )
