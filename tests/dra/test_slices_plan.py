@@ -31,7 +31,7 @@ CONFIGS = {
     "single": "version: v1\nflags: {migStrategy: single}\n",
     "time-slicing": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
     "    resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
-    "renamed": 'version: v1\nflags: {resourceNaming: true}\n'  # v0.20 ignores renames without it
+    "renamed": "version: v1\nflags: {resourceNaming: true}\n"  # v0.20 ignores renames without it
     'resources:\n  gpus: [{pattern: "*H100*", name: h100}]\n',
 }
 
