@@ -215,6 +215,8 @@ class Daemon(DraWiring):
             return (
                 f"not ready: {self._cdi_retrying}; still serving the previous config, retrying with backoff"
             )
+        if (dra := self.dra_problem()) is not None:
+            return f"not ready: DRA: {dra}"
         if manager.all_registered():
             return None
         served = manager.served()

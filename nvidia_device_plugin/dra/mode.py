@@ -79,8 +79,7 @@ class DraMode:
         )
 
     def workers(self) -> list[Worker]:
-        extra = [self.kubelet.worker] if self.kubelet is not None else []
-        return [self.publisher, self.handover, *extra]
+        return [self.publisher, self.handover, self.kubelet.worker]
 
     # ---- fed by the daemon ---------------------------------------------------------------------------
 
@@ -198,8 +197,7 @@ class DraMode:
             for driver, pool, d in pods.dra_devices
             if driver == DRIVER_NAME and pool == self.options.node_name
         }
-        if self.kubelet is not None:
-            claimed |= self.kubelet.prepared()
+        claimed |= self.kubelet.prepared()
         held_dra = {names[d].gpu.uuid for d in claimed if d in names}
         published = self.publisher.published
         all_gpus = frozenset(g.uuid for g in inventory.gpus)

@@ -66,6 +66,10 @@ class DraWiring:
         self.dra.serve(snapshot)
         return self.dra.plugin_plans(snapshot.plans)
 
+    def dra_problem(self) -> str | None:
+        """Why the DRA mode cannot serve kubelet now (its kubelet plugin's sockets); None when it can."""
+        return self.dra.kubelet.health() if self.dra is not None else None
+
     def _on_dra_owners_changed(self) -> None:
         """A GPU changed sides (on the handover thread): serve the device plugin's lists again."""
         with self.reloads.lock:
