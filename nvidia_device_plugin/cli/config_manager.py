@@ -1,7 +1,9 @@
 """`config-manager`: NVIDIA's config-manager interface, run as an init container (ONESHOT) and a sidecar.
 
 The GPU Operator execs `config-manager` from the device-plugin image; this is that command. Exit status: 0
-after ONESHOT succeeded or after SIGTERM, 1 when ONESHOT could not link a config, 2 for bad settings.
+after ONESHOT succeeded, 1 when ONESHOT could not link a config, 2 for bad settings. SIGTERM or SIGINT ends
+the sidecar as they end NVIDIA's Go binary (it installs no handler, so Go's runtime re-raises the signal):
+the process dies of that signal, which the container runtime reports as 128 + its number (143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -21,8 +23,30 @@ from nvidia_device_plugin.configmanager.settings import SettingsError, parse_set
 log = logging.getLogger("nvidia_device_plugin.configmanager")
 
 
-class _Terminated(Exception):
-    """Raised from the SIGTERM handler so that a blocking watch read ends at once (PEP 475)."""
+class _Terminated(BaseException):
+    """Raised from the SIGTERM/SIGINT handler so that a blocking API read ends at once (PEP 475). A
+    BaseException, as KeyboardInterrupt is, so that the watching loop's `except Exception` (which keeps it
+    going through odd API answers) lets a stop through instead of logging it as a failure."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    raise _Terminated(signum)
+
+
+def _die_of(signum: int) -> int:
+    """End killed by `signum`, as NVIDIA's binary ends; 128 + `signum` as the exit status where that fails.
+
+    It fails as PID 1 of a PID namespace (a container of a pod without shareProcessNamespace, as this chart
+    renders it): the kernel drops a default-action signal that PID 1 sends itself. Go's runtime then exits 2;
+    128 + signum is what a container runtime reports for the signal itself, so the status reads the same.
+    """
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return 128 + signum
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -41,16 +65,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     manager = ConfigManager(settings, api_client)
     if settings.oneshot:
         return manager.run_once()
-    stop = threading.Event()
-
-    def terminate(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-        raise _Terminated(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, terminate)
-    signal.signal(signal.SIGINT, terminate)
+    # Nothing sets the event: the handler's exception ends `run` wherever it waits (a read, a back-off).
+    # Setting it from the handler could deadlock on the lock the interrupted wait holds.
     try:
-        manager.run(stop)
-    except _Terminated as exc:
-        log.info("config-manager: %s received, exiting", exc)
+        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, _terminate)
+        manager.run(threading.Event())
+    except _Terminated as stop:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second stop signal must not interrupt the exit
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        log.info("config-manager: %s received; stopping (%s left as it is)", stop, settings.config_file_dst)
+        return _die_of(stop.signum)
     return 0

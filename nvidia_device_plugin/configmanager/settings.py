@@ -1,10 +1,12 @@
 """config-manager's settings: NVIDIA's flags and environment variables, with the same names and defaults.
 
 Each setting is a flag with an environment variable behind it (flag > env > default), as in NVIDIA's
-config-manager, so the GPU Operator's and NVIDIA's Helm chart's pod specs work unchanged. Two habits of
-NVIDIA's flag library are kept because those pod specs rely on them: an empty environment variable for a
-number or a switch (`SIGNAL: ""`, `ONESHOT: ""`) means "not set", so the default holds; and switches may be
-given bare (`--oneshot`) or with a value (`--oneshot=false`).
+config-manager, so the GPU Operator's and NVIDIA's Helm chart's pod specs work unchanged. The defaults are
+its binary's: SEND_SIGNAL true (SIGHUP to `nvidia-device-plugin`) and no fallback strategies; `named,single`
+is only what NVIDIA's chart (and this one) set. Habits of NVIDIA's flag library (urfave/cli v2) are kept
+because those pod specs rely on them: an empty environment variable for a number (`SIGNAL: ""`) means "not
+set", so the default holds, while an empty one for a switch (`SEND_SIGNAL: ""`) means false; and switches may
+be given bare (`--oneshot`) or with a value (`--oneshot=false`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.config.selection import (
-    DEFAULT_FALLBACK_STRATEGIES,
     ConfigSelectionError,
     FallbackStrategy,
     parse_fallback_strategies,
@@ -25,6 +26,8 @@ from nvidia_device_plugin.config.selection import (
 DEFAULT_NODE_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_PROCESS_TO_SIGNAL = "nvidia-device-plugin"
 DEFAULT_SIGNAL = signal.SIGHUP
+DEFAULT_SEND_SIGNAL = True  # NVIDIA's binary; its chart and this one set false in the init containers
+DEFAULT_FALLBACK_STRATEGIES = ""  # none: without label and default, no config (exit 1 under ONESHOT)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -84,14 +87,15 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
             f"--{flag}", dest=env, default=environ.get(env, default), help=f"{help_text} [env {env}]"
         )
 
-    def switch(flag: str, env: str, help_text: str) -> None:
+    def switch(flag: str, env: str, default: bool, help_text: str) -> None:
         # NVIDIA's boolean flags: `--oneshot` alone is true; `--oneshot=false` (or `--oneshot false`) false.
+        # An empty variable is parsed (to false), as NVIDIA's flag library does; only an unset one is default.
         parser.add_argument(
             f"--{flag}",
             dest=env,
             nargs="?",
             const="true",
-            default=environ.get(env, "false"),
+            default=environ.get(env, str(default).lower()),
             metavar="BOOL",
             help=f"{help_text} [env {env}]",
         )
@@ -105,11 +109,16 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     option(
         "fallback-strategies",
         "FALLBACK_STRATEGIES",
-        ",".join(s.value for s in DEFAULT_FALLBACK_STRATEGIES),
-        "what to use without label and default: named, single, empty, in order",
+        DEFAULT_FALLBACK_STRATEGIES,
+        "what to use without label and default: named, single, empty, in order (default: none)",
     )
-    switch("oneshot", "ONESHOT", "set the link once and exit (the init container)")
-    switch("send-signal", "SEND_SIGNAL", "signal the plugin after each change (unneeded here)")
+    switch("oneshot", "ONESHOT", False, "set the link once and exit (the init container)")
+    switch(
+        "send-signal",
+        "SEND_SIGNAL",
+        DEFAULT_SEND_SIGNAL,
+        "signal the plugin after each change (default true; this plugin reloads by itself)",
+    )
     option("signal", "SIGNAL", str(int(DEFAULT_SIGNAL)), "the signal to send (default 1, SIGHUP)")
     option("process-to-signal", "PROCESS_TO_SIGNAL", DEFAULT_PROCESS_TO_SIGNAL, "the process to signal")
     return parser

@@ -97,12 +97,24 @@ REQUIRED = {"NODE_NAME": "gpu-1", "CONFIG_FILE_SRCDIR": "/available-configs", "C
 
 
 def test_settings_have_nvidias_defaults() -> None:
+    """Its binary's: no fallback strategies (only NVIDIA's chart sets named,single), SEND_SIGNAL true."""
     settings = parse_settings([], REQUIRED)
     assert settings.node_label == "nvidia.com/device-plugin.config"
-    assert settings.fallback_strategies == (NAMED, SINGLE)
-    assert settings.oneshot is False and settings.send_signal is False
+    assert settings.fallback_strategies == ()
+    assert settings.oneshot is False and settings.send_signal is True
     assert settings.signal == signal.SIGHUP
     assert settings.process_to_signal == "nvidia-device-plugin"
+
+
+def test_empty_variables_read_as_nvidias_flag_library_reads_them() -> None:
+    """Empty: a number keeps its default, a switch is false, a list is empty (the Operator: `SIGNAL: ""`)."""
+    empty = parse_settings(
+        [], {**REQUIRED, "SIGNAL": "", "SEND_SIGNAL": "", "ONESHOT": "", "FALLBACK_STRATEGIES": ""}
+    )
+    assert (empty.signal, empty.send_signal, empty.oneshot) == (signal.SIGHUP, False, False)
+    assert empty.fallback_strategies == ()
+    assert parse_settings(["--send-signal=false"], REQUIRED).send_signal is False
+    assert parse_settings(["--send-signal"], {**REQUIRED, "SEND_SIGNAL": "false"}).send_signal is True
 
 
 def test_flags_win_over_environment() -> None:

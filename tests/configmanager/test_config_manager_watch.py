@@ -48,9 +48,9 @@ def running(tmp_path: Path) -> Iterator[Callable[..., tuple[FakeApiServer, Path,
         srcdir = _configs(tmp_path, names)
         dst = tmp_path / "config" / "config.yaml"
         dst.parent.mkdir()
-        settings = parse_settings(
-            [], {"NODE_NAME": NODE, "CONFIG_FILE_SRCDIR": str(srcdir), "CONFIG_FILE_DST": str(dst), **env}
-        )
+        required = {"NODE_NAME": NODE, "CONFIG_FILE_SRCDIR": str(srcdir), "CONFIG_FILE_DST": str(dst)}
+        # SEND_SIGNAL defaults to true: never signal the machine's other `nvidia-device-plugin` processes.
+        settings = parse_settings([], {**required, "SEND_SIGNAL": "false", **env})
         server = FakeApiServer(labels).__enter__()
         stop = threading.Event()
         manager = ConfigManager(settings, api_client_for(server.url))
@@ -74,7 +74,7 @@ def test_label_change_repoints_the_link(running: Any) -> None:
     assert server.watches()[0]["resourceVersion"] == ["100"], "the watch must start where the list ended"
     server.set_label("mig-mixed")
     wait_for(lambda: _target(dst) == str(srcdir / "mig-mixed"), "the link to follow the label")
-    server.set_label(None)  # label removed, no DEFAULT_CONFIG, named,single: nothing fits -> link kept
+    server.set_label(None)  # label removed, no DEFAULT_CONFIG, no fallback strategies: link kept
     server.set_label("time-slicing")
     wait_for(lambda: _target(dst) == str(srcdir / "time-slicing"), "the link to follow the label back")
 
@@ -117,8 +117,8 @@ def test_missing_config_name_keeps_the_previous_link(running: Any, caplog: pytes
 @pytest.mark.parametrize(
     ("env", "names", "expected"),
     [
-        ({}, ["default", "x"], "default"),  # named
-        ({}, ["only"], "only"),  # single
+        ({"FALLBACK_STRATEGIES": "named,single"}, ["default", "x"], "default"),  # named, as the charts set
+        ({"FALLBACK_STRATEGIES": "named,single"}, ["only"], "only"),  # single
         ({"FALLBACK_STRATEGIES": "empty"}, ["x", "y"], None),  # empty: an empty regular file
         ({"DEFAULT_CONFIG": "y"}, ["x", "y"], "y"),
     ],
@@ -132,6 +132,19 @@ def test_unlabelled_node_uses_default_and_fallbacks(
         assert dst.is_file() and not dst.is_symlink() and dst.read_bytes() == b""
     else:
         assert _target(dst) == str(srcdir / expected)
+
+
+def test_without_fallbacks_the_sidecar_waits_for_a_label(
+    running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVIDIA's binary (no strategies by default) exits 1 here; this one logs why, keeps watching and links
+    the config the label names once the node gets one."""
+    server, srcdir, dst = running({}, ["default", "x"])
+    wait_for(lambda: len(server.watches()) == 1, "the watch")
+    assert not dst.exists() and not dst.is_symlink()
+    assert "fallback strategies (none) found nothing (available: default, x)" in caplog.text
+    server.set_label("x")
+    wait_for(lambda: _target(dst) == str(srcdir / "x"), "the link to the labelled config")
 
 
 def test_oneshot_command_links_once_and_exits(tmp_path: Path) -> None:

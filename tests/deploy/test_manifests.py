@@ -294,6 +294,8 @@ def test_node_labels_overlay_runs_config_manager_with_nvidias_interface() -> Non
         assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
         assert env["NODE_LABEL"]["value"] == "nvidia.com/device-plugin.config"
         assert env["CONFIG_FILE_DST"]["value"] == "/config/config.yaml"
+        # Explicit, as NVIDIA's chart sets them: config-manager's own defaults are none and true (its binary)
+        assert (env["FALLBACK_STRATEGIES"]["value"], env["SEND_SIGNAL"]["value"]) == ("named,single", "false")
         srcdir = env["CONFIG_FILE_SRCDIR"]["value"]
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         assert mounts[srcdir] == "available-configs" and mounts["/config"] == "config"

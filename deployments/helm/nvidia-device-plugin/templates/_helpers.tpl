@@ -367,9 +367,11 @@ config-manager
       value: /config/config.yaml
     - name: DEFAULT_CONFIG
       value: {{ .root.Values.config.default | quote }}
+    # Both set here, as NVIDIA's chart sets them: config-manager's own defaults are its binary's (no fallback
+    # strategies, SEND_SIGNAL true). The plugin reloads a re-pointed link by itself: no signal, no shared
+    # process namespace.
     - name: FALLBACK_STRATEGIES
       value: {{ join "," .root.Values.config.fallbackStrategies | quote }}
-    # The plugin reloads a re-pointed link by itself: no signal, no shared process namespace.
     - name: SEND_SIGNAL
       value: "false"
   securityContext:
