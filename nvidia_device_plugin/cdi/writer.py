@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.boundedio import read_text
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiPlan, CdiSpec
 from nvidia_device_plugin.logs import FailureLog
 
@@ -80,10 +81,10 @@ def remove_specs(spec_dir: Path, keep: set[str] | frozenset[str] = frozenset()) 
 
 def _write_if_changed(path: Path, text: str) -> bool:
     try:
-        if path.read_text() == text and (path.stat().st_mode & 0o777) == SPEC_FILE_MODE:
+        if read_text(path, len(text.encode())) == text and (path.stat().st_mode & 0o777) == SPEC_FILE_MODE:
             return False
-    except OSError:
-        pass  # missing or unreadable: (re)write it
+    except (OSError, ValueError):
+        pass  # missing, unreadable, not a regular file, bigger than ours, not UTF-8: (re)write it
     try:
         replace_file(path, text, SPEC_FILE_MODE)
     except OSError as exc:

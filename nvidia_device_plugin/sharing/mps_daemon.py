@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
 from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.resources import ResourcePlan
@@ -372,7 +373,7 @@ class MpsDaemonSupervisor(Worker):
 def running_pid(pipe_dir: str) -> int | None:
     """The pid in the daemon's pid file, if that process is alive."""
     try:
-        pid = int(Path(pipe_dir, PID_FILE).read_text().strip())
+        pid = int(read_text(Path(pipe_dir, PID_FILE), SMALL_FILE_BYTES).strip())
     except (OSError, ValueError):
         return None
     return pid if _pid_alive(pid) else None
@@ -389,7 +390,7 @@ def _pid_alive(pid: int) -> bool:
         return True
     # A killed daemon whose parent has not reaped it yet still answers kill(0): look at its state.
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = read_text(f"/proc/{pid}/stat", SMALL_FILE_BYTES, errors="replace")
     except OSError:
         return True
     fields = stat.rpartition(")")[2].split()

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, Protocol
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
+from nvidia_device_plugin.boundedio import open_regular
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories
 from nvidia_device_plugin.workers import Worker
 
@@ -191,7 +192,9 @@ class SimulatedEventFeeder(Worker):
             log.info("simulated events: %s was truncated or replaced; reading it from the start", self._path)
             self._close()
         if self._file is None:
-            self._file = open(self._path, "rb")  # noqa: SIM115 - held open across polls, closed in _close
+            # A regular file only, opened without blocking (a FIFO would hang this thread); held open
+            # across polls, closed in _close.
+            self._file = os.fdopen(open_regular(self._path, symlinks="any"), "rb")
             opened = os.fstat(self._file.fileno())
             self._identity = (opened.st_dev, opened.st_ino)
         file = self._file
