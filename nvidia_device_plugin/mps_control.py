@@ -36,7 +36,7 @@ from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.errors import NvmlError
 from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor, daemon_specs
 from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
 from nvidia_device_plugin.workers import WorkerGroup
@@ -50,6 +50,7 @@ class ControlDaemonOptions:
     open_nvml: Callable[[], NvmlSession]  # raises NvmlError on a node without a usable driver
     watch: Callable[[Callable[[], None]], ConfigWatcher] | None = None
     control_path: str = CONTROL_EXECUTABLE
+    quit_timeout_s: float = QUIT_TIMEOUT_S
     check_interval_s: float = 1.0
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
@@ -67,6 +68,7 @@ class MpsControlDaemon:
             prepare=self._set_exclusive,
             release=self._set_default,
             check_interval_s=options.check_interval_s,
+            quit_timeout_s=options.quit_timeout_s,
             backoff_initial_s=options.backoff_initial_s,
             backoff_max_s=options.backoff_max_s,
         )
