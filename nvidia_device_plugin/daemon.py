@@ -146,6 +146,8 @@ class Daemon:
             if self.labels is not None:
                 self.labels.notify()  # no GPUs to label: an empty file clears the node's labels
             return
+        if self.nvml.calls is not None:  # NVML calls past their deadline: a gauge by call
+            self.nvml.calls.subscribe(self.metrics.nvml_call_stuck)
         snapshot = self.reloads.first(self.nvml, config)
         inventory = snapshot.inventory
         log.info(

@@ -65,7 +65,10 @@ def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | N
 
 
 def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
-    """`inventory` plus, marked lost, the GPUs of `previous` that discovery could not read this time."""
+    """`inventory` with, marked lost and as `previous` knew them, the GPUs discovery could not read this
+    time: those it could not even open (added), and those lost midway (GPU_IS_LOST, or a call stuck in
+    the driver) that `previous` had read whole (their earlier facts kept: memory, PCI, MIG devices, links)."""
+    inventory = _keep_earlier_facts(inventory, previous)
     indices = {gpu.index for gpu in inventory.gpus}
     failed = {p.gpu_index for p in inventory.problems if p.gpu_index is not None}
     missing = [
@@ -94,6 +97,17 @@ def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
         links=tuple(sorted(links, key=lambda ln: (ln.a, ln.b))),
         problems=tuple(problems),
     )
+
+
+def _keep_earlier_facts(inventory: Inventory, previous: Inventory) -> Inventory:
+    before = {gpu.uuid: gpu for gpu in previous.gpus if not gpu.lost}
+    kept = {gpu.index: before[gpu.uuid] for gpu in inventory.gpus if gpu.lost and gpu.uuid in before}
+    if not kept:
+        return inventory
+    gpus = tuple(replace(kept[g.index], lost=True) if g.index in kept else g for g in inventory.gpus)
+    ours = {(ln.a, ln.b): ln for ln in previous.links if ln.a in kept or ln.b in kept}
+    links = tuple(ours.get((ln.a, ln.b), ln) for ln in inventory.links)
+    return replace(inventory, gpus=gpus, links=links)
 
 
 # ---- the follower: how a running daemon moves from one snapshot to the next ---------------------------

@@ -210,10 +210,16 @@ def test_a_failing_start_with_megabytes_of_output_publishes_a_bounded_reason(
         assert status_file.stat().st_size < 8 * 1024
         assert "more" in node.status(gpus[0]).reason
         assert kubelet.wait_for_resources([GPU])
-        with pytest.raises(grpc.RpcError) as refused:
-            kubelet.allocate(GPU, [[f"{gpus[0]}::0"]])
-        details = str(refused.value.details())
-        assert "failing loudly" in details and len(details) < 8 * 1024
+        refusals: list[str] = []
+
+        def refused_naming_the_failure() -> bool:  # once the plugin has read the failure published
+            with pytest.raises(grpc.RpcError) as refused:
+                kubelet.allocate(GPU, [[f"{gpus[0]}::0"]])
+            refusals.append(str(refused.value.details()))
+            return "failing loudly" in refusals[-1]
+
+        assert kubelet.wait_for(refused_naming_the_failure)
+        assert len(refusals[-1]) < 8 * 1024
     finally:
         plugin.stop()
         control.stop()
