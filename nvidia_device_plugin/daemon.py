@@ -8,9 +8,9 @@ the process: the plugin manager diffs the new resource set against what it serve
 Every thread of the process belongs to one of the daemon's `workers`, in start order (stopped in reverse):
 the probes server (first, so the liveness probe answers while discovery runs), the node-label follower
 (its config file must exist before the first load), the config watch (before the first load, so an edit
-during start-up is not missed), the labels writer, the reload retry, MPS readiness; then, once NVML is
-open, the plugin manager (its registrar and gRPC servers) and the health monitor of the served snapshot;
-last the simulated events feeder, once health is watched.
+during start-up is not missed), the labels writer, the reload retry, the GPU re-discovery, MPS readiness;
+then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
+served snapshot; last the simulated events feeder, once health is watched.
 
 The daemon does not know whether NVML is real or simulated: the caller hands it a function that opens the
 session, and drives a simulator itself through the `simulated_events` worker it passes in (cli/ chooses).
@@ -30,7 +30,12 @@ from nvidia_device_plugin.devices import describe
 from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
-from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
+from nvidia_device_plugin.health.registry import (
+    HealthRegistry,
+    follow_rediscovery,
+    health_dependencies,
+    mark_lost_at_start_up,
+)
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.metrics import DaemonMetrics
@@ -45,7 +50,7 @@ from nvidia_device_plugin.sharing.readiness import (
     MpsReadinessWatcher,
     ReadinessChange,
 )
-from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
+from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
 from nvidia_device_plugin.workers import Worker, WorkerGroup
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,7 @@ class DaemonOptions:
     node_config: Worker | None = None
     # --simulate-events: drives the simulated NVML `open_nvml` returns (nvml.sim.events).
     simulated_events: Worker | None = None
+    rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S  # how often GPUs held as lost are read again
 
 
 class Daemon:
@@ -86,6 +92,7 @@ class Daemon:
             check=_servable,
             kept="still serving the previous config",
             on_result=self.metrics.config_reloaded,
+            rediscovery_interval_s=options.rediscovery_interval_s,
         )
         self._monitor: HealthMonitor | None = None
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
@@ -109,6 +116,7 @@ class Daemon:
             watcher,
             self.labels.worker if self.labels is not None else None,
             self.reloads.retry,
+            self.reloads.rediscovery,
             self.mps_readiness,
         ):
             if part is not None:
@@ -214,7 +222,7 @@ class Daemon:
     def _apply_reload(self, snapshot: Snapshot, old: Snapshot) -> None:
         """Serve `snapshot` in place of `old` (the follower holds its lock)."""
         self._report_discovery(snapshot)
-        mark_lost_at_start_up(self.registry, snapshot.inventory)
+        follow_rediscovery(self.registry, snapshot.inventory)
         _announce_config(snapshot, old)
         self._serve(snapshot)
         if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:

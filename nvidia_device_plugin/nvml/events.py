@@ -215,6 +215,18 @@ def _probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None) -> Probe:
     return Probe("ok")
 
 
+def probe_index(nv: NvmlApi, index: int) -> bool:
+    """Whether NVML opens GPU `index` and reads its UUID now (a GPU discovery could not even open)."""
+
+    def read() -> bool:
+        return bool(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index)))
+
+    try:
+        return on_lane(nv, index, f"checking GPU {index}", read)
+    except pynvml.NVMLError:
+        return False
+
+
 def uncorrected_ecc(nv: NvmlApi, gpu_uuid: str) -> int | None:
     """The GPU's volatile uncorrected ECC error count; None where NVML cannot say (no ECC, no access, a
     call stuck)."""
