@@ -8,9 +8,9 @@ the process: the plugin manager diffs the new resource set against what it serve
 Every thread of the process belongs to one of the daemon's `workers`, in start order (stopped in reverse):
 the probes server (first, so the liveness probe answers while discovery runs), the node-label follower
 (its config file must exist before the first load), the config watch (before the first load, so an edit
-during start-up is not missed), the labels writer, the reload retry, MPS readiness; then, once NVML is
-open, the plugin manager (its registrar and gRPC servers) and the health monitor of the served snapshot;
-last the simulated events feeder, once health is watched.
+during start-up is not missed), the labels writer, the reload retry, the GPU re-discovery, MPS readiness;
+then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
+served snapshot; last the simulated events feeder, once health is watched.
 
 The daemon does not know whether NVML is real or simulated: the caller hands it a function that opens the
 session, and drives a simulator itself through the `simulated_events` worker it passes in (cli/ chooses).
@@ -35,7 +35,12 @@ from nvidia_device_plugin.dra.wiring import DraWiring
 from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
-from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
+from nvidia_device_plugin.health.registry import (
+    HealthRegistry,
+    follow_rediscovery,
+    health_dependencies,
+    mark_lost_at_start_up,
+)
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.metrics import DaemonMetrics
@@ -50,7 +55,7 @@ from nvidia_device_plugin.sharing.readiness import (
     MpsReadinessWatcher,
     ReadinessChange,
 )
-from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
+from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
 from nvidia_device_plugin.workers import Worker, WorkerGroup
 
 log = logging.getLogger(__name__)
@@ -75,6 +80,7 @@ class DaemonOptions:
     simulated_events: Worker | None = None
     # Where the DRA mode finds the node's kubelet and API (cli/dra.py); the config's dra.enabled turns it on.
     dra: DraOptions | None = None
+    rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S  # how often GPUs held as lost are read again
 
 
 class Daemon(DraWiring):
@@ -99,6 +105,7 @@ class Daemon(DraWiring):
             check=lambda snapshot: self.check_dra(self._servable(snapshot)),
             kept="still serving the previous config",
             on_result=self.metrics.config_reloaded,
+            rediscovery_interval_s=options.rediscovery_interval_s,
         )
         self._monitor: HealthMonitor | None = None
         self.dra: DraMode | None = None  # made when a config first turns dra.enabled on (_plugin_plans)
@@ -123,6 +130,7 @@ class Daemon(DraWiring):
             watcher,
             self.labels.worker if self.labels is not None else None,
             self.reloads.retry,
+            self.reloads.rediscovery,
             self.mps_readiness,
         ):
             if part is not None:
@@ -161,6 +169,8 @@ class Daemon(DraWiring):
             if self.labels is not None:
                 self.labels.notify()  # no GPUs to label: an empty file clears the node's labels
             return
+        if self.nvml.calls is not None:  # NVML calls past their deadline: a gauge by call
+            self.nvml.calls.subscribe(self.metrics.nvml_call_stuck)
         snapshot = self.reloads.first(self.nvml, config)
         inventory = snapshot.inventory
         log.info(
@@ -238,7 +248,7 @@ class Daemon(DraWiring):
             log.info("CDI specs can be made again; serving resources")
         self._cdi_retrying = None
         self._announce(snapshot, old)
-        mark_lost_at_start_up(self.registry, snapshot.inventory)
+        follow_rediscovery(self.registry, snapshot.inventory)
         self._serve(snapshot)
         if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
             self._watch_health(snapshot)

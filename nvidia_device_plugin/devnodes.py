@@ -25,6 +25,7 @@ import posixpath
 from collections.abc import Sequence
 from pathlib import Path
 
+from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
 from nvidia_device_plugin.devices import MigDevice
 from nvidia_device_plugin.errors import AllocationError
 
@@ -75,7 +76,7 @@ def mig_capability_nodes(mig: MigDevice, gpu_minor: int, proc_root: str) -> tupl
 def mig_capability_device_node(access_file: str) -> str:
     """The /dev/nvidia-caps node that grants the capability whose proc `access` file is given."""
     try:
-        text = Path(access_file).read_text()
+        text = read_text(access_file, SMALL_FILE_BYTES, errors="replace")
     except OSError as exc:
         raise AllocationError(
             f"cannot read MIG capability file {access_file}: {exc.strerror or exc}; "

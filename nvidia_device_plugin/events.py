@@ -50,5 +50,8 @@ class Events(PluginEvents):
     def mig_strategy_violation(self, gpu_uuid: str, strategy: str) -> None:
         """A snapshot left GPU `gpu_uuid` out because it breaks flags.migStrategy `strategy`."""
 
+    def nvml_call_stuck(self, call: str, stuck: bool) -> None:
+        """An NVML call passed its deadline (stuck), or such a call returned at last (nvml/bounded.py)."""
+
 
 NO_EVENTS = Events()

@@ -19,7 +19,7 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -94,6 +94,7 @@ class DaemonMetrics(Events):
     kubelet_restarts: Counter
     reloads: Counter
     mps_readiness_changes: Counter
+    nvml_stuck_calls: Gauge
 
     def __init__(self, daemon: DaemonView) -> None:
         self.registry = CollectorRegistry()
@@ -112,6 +113,13 @@ class DaemonMetrics(Events):
             self.health_changes.labels(health)
         for result in ("applied", "rejected"):
             self.reloads.labels(result)
+        self.nvml_stuck_calls = Gauge(
+            PREFIX + "nvml_stuck_calls",
+            "NVML calls that passed their deadline and have not returned yet, by pynvml function (their "
+            "GPU is served Unhealthy meanwhile).",
+            ["call"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(daemon))
 
     def _counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
@@ -233,6 +241,13 @@ class DaemonMetrics(Events):
 
     def mig_strategy_violation(self, gpu_uuid: str, strategy: str) -> None:
         self.mig_violations.labels(gpu_uuid, strategy).inc()
+
+    def nvml_call_stuck(self, call: str, stuck: bool) -> None:
+        gauge = self.nvml_stuck_calls.labels(call)
+        if stuck:
+            gauge.inc()
+        else:
+            gauge.dec()
 
 
 class _StateCollector(Collector):

@@ -21,8 +21,10 @@ config first, then the DaemonSet.
 
 Reloads go through snapshot.SnapshotFollower, as the plugin's do: a GPU NVML can no longer open is carried
 over as lost (so its daemon is kept, not quit), a reload NVML made fail is retried with backoff, and any
-error keeps the daemons of the last good config. Its workers, in start order: the config watch, the reload
-retry, then (once the first snapshot is applied) the supervisor; stopped in reverse.
+error keeps the daemons of the last good config, and a GPU lost at start that reads again is re-discovered
+(its daemon then gets the pinned-memory limit its memory allows; none is set while that is unknown). Its
+workers, in start order: the config watch, the reload retry, the re-discovery, then (once the first
+snapshot is applied) the supervisor; stopped in reverse.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.errors import NvmlError
 from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor, daemon_specs
-from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
+from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
 from nvidia_device_plugin.workers import WorkerGroup
 
 log = logging.getLogger(__name__)
@@ -50,9 +52,11 @@ class ControlDaemonOptions:
     open_nvml: Callable[[], NvmlSession]  # raises NvmlError on a node without a usable driver
     watch: Callable[[Callable[[], None]], ConfigWatcher] | None = None
     control_path: str = CONTROL_EXECUTABLE
+    quit_timeout_s: float = QUIT_TIMEOUT_S
     check_interval_s: float = 1.0
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
+    rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S  # how often GPUs held as lost are read again
 
 
 class MpsControlDaemon:
@@ -67,14 +71,21 @@ class MpsControlDaemon:
             prepare=self._set_exclusive,
             release=self._set_default,
             check_interval_s=options.check_interval_s,
+            quit_timeout_s=options.quit_timeout_s,
             backoff_initial_s=options.backoff_initial_s,
             backoff_max_s=options.backoff_max_s,
         )
-        self.reloads = SnapshotFollower(options.load_config, self._apply_reload, kept="MPS daemons unchanged")
+        self.reloads = SnapshotFollower(
+            options.load_config,
+            self._apply_reload,
+            kept="MPS daemons unchanged",
+            rediscovery_interval_s=options.rediscovery_interval_s,
+        )
         self.workers = WorkerGroup()
         if options.watch is not None:
             self.workers.add(options.watch(self._on_config_file_changed))
         self.workers.add(self.reloads.retry)
+        self.workers.add(self.reloads.rediscovery)  # a GPU lost at start comes back with its real limits
 
     def start(self) -> None:
         """Start supervising. Raises ConfigError / NvmlError / InventoryError when nothing sane can run."""

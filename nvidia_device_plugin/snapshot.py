@@ -14,14 +14,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import pynvml
+
 from nvidia_device_plugin.cdi.model import CdiError, CdiPlan
 from nvidia_device_plugin.cdi.spec import plan_cdi
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.device_lists import check_device_list_sizes
 from nvidia_device_plugin.devices import DiscoveryProblem, Inventory
 from nvidia_device_plugin.errors import DevicePluginError, NvmlError
+from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
+from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.nvml.errors import NVML_CALL_STUCK
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.resource_plans import build_resources
 from nvidia_device_plugin.resources import ResourcePlan
@@ -65,7 +70,10 @@ def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | N
 
 
 def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
-    """`inventory` plus, marked lost, the GPUs of `previous` that discovery could not read this time."""
+    """`inventory` with, marked lost and as `previous` knew them, the GPUs discovery could not read this
+    time: those it could not even open (added), and those lost midway (GPU_IS_LOST, or a call stuck in
+    the driver) that `previous` had read whole (their earlier facts kept: memory, PCI, MIG devices, links)."""
+    inventory = _keep_earlier_facts(inventory, previous)
     indices = {gpu.index for gpu in inventory.gpus}
     failed = {p.gpu_index for p in inventory.problems if p.gpu_index is not None}
     missing = [
@@ -96,12 +104,28 @@ def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:
     )
 
 
+def _keep_earlier_facts(inventory: Inventory, previous: Inventory) -> Inventory:
+    before = {gpu.uuid: gpu for gpu in previous.gpus if not gpu.lost}
+    kept = {gpu.index: before[gpu.uuid] for gpu in inventory.gpus if gpu.lost and gpu.uuid in before}
+    if not kept:
+        return inventory
+    gpus = tuple(replace(kept[g.index], lost=True) if g.index in kept else g for g in inventory.gpus)
+    ours = {(ln.a, ln.b): ln for ln in previous.links if ln.a in kept or ln.b in kept}
+    links = tuple(ours.get((ln.a, ln.b), ln) for ln in inventory.links)
+    return replace(inventory, gpus=gpus, links=links)
+
+
 # ---- the follower: how a running daemon moves from one snapshot to the next ---------------------------
 
 # A reload rejected for a transient reason (NVML failing during discovery, the node's CDI files briefly
 # unusable) is retried with this backoff.
 RELOAD_RETRY_MIN_S = 1.0
 RELOAD_RETRY_MAX_S = 60.0
+# A GPU held as lost is checked this often (as often as health checks a GPU is readable); one that reads
+# again but is still lost after the re-discovery is checked less often, up to REDISCOVERY_BACKOFF_MAX_S.
+REDISCOVERY_INTERVAL_S = 5.0
+REDISCOVERY_BACKOFF_MAX_S = 300.0
+_REREAD_CODES = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, NVML_CALL_STUCK})
 
 Apply = Callable[[Snapshot, Snapshot], None]  # (new, old): make the daemon act on `new` instead of `old`
 
@@ -127,7 +151,11 @@ class SnapshotFollower:
       that `check` refused with a CdiError (a driver root or spec directory briefly unusable), whose
       rejection is logged once per distinct reason; `retry_later` asks for such a retry from outside;
     * reloads run one at a time, and the daemon's first serve holds `lock` too, so a change that lands
-      during start-up waits for the first snapshot.
+      during start-up waits for the first snapshot;
+    * a GPU the snapshot holds as lost (or could not open) that NVML reads again is re-discovered: the
+      "gpu-rediscovery" worker (the daemon owns it) checks those GPUs every `rediscovery_interval_s` and
+      then `refresh`es, rebuilding the snapshot under the same config, so everything derived from the
+      GPU (its memory and MPS limits, NUMA node, links, MIG devices, CDI specs, labels) follows.
 
     `check` may refuse a snapshot the daemon cannot serve (raising DevicePluginError); `apply(new, old)`
     makes the daemon act on it; `on_result(applied, message)` hears every outcome (metrics).
@@ -141,9 +169,11 @@ class SnapshotFollower:
         check: Callable[[Snapshot], Snapshot] = _as_is,
         kept: str = "keeping the previous config",
         on_result: Callable[[bool, str], None] = _no_report,
+        rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S,
     ) -> None:
         self.lock = threading.Lock()
         self.retry = ReloadRetry(self.reload)
+        self.rediscovery = Rediscovery(self, rediscovery_interval_s)
         self._load_config = load_config
         self._apply = apply
         self._check = check
@@ -160,14 +190,27 @@ class SnapshotFollower:
         self._session, self._current = session, snapshot
         return snapshot
 
+    @property
+    def current(self) -> tuple[Snapshot | None, NvmlSession | None]:
+        """The snapshot served now and the session it was read through (None, None before the first)."""
+        return self._current, self._session
+
     def reload(self, reason: str) -> bool:
         """Apply the config as it reads now; on any error keep the last good snapshot. True when applied."""
+        return self._rebuild(reason, same_config=False)
+
+    def refresh(self, reason: str) -> bool:
+        """Read the node again under the config served now (a GPU came back); as reload() otherwise."""
+        return self._rebuild(reason, same_config=True)
+
+    def _rebuild(self, reason: str, same_config: bool) -> bool:
         with self.lock:
             old, session = self._current, self._session
             if old is None or session is None:
                 return False  # nothing served yet (still starting, or NVML never opened)
             try:
-                snapshot = self._check(build_snapshot(session, self._load_config(), previous=old.inventory))
+                config = old.config if same_config else self._load_config()
+                snapshot = self._check(build_snapshot(session, config, previous=old.inventory))
             except Exception as exc:  # whatever went wrong, the last good snapshot stays
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
                 line = f"config reload ({reason}) rejected, {self._kept}: {message}"
@@ -185,7 +228,8 @@ class SnapshotFollower:
             self._apply(snapshot, old)
             self._current = snapshot
             log.info(
-                "config reloaded (%s): %s",
+                "%s (%s): %s",
+                "node re-discovered" if same_config else "config reloaded",
                 reason,
                 ", ".join(f"{p.name} x{len(p.devices)}" for p in snapshot.plans) or "no resources",
             )
@@ -201,6 +245,83 @@ class SnapshotFollower:
                 log.debug("retrying the config reload in %gs (CDI specs could not be made)", delay)
             else:
                 log.info("retrying the config reload in %gs (NVML failed during discovery)", delay)
+
+
+class Rediscovery(Worker):
+    """The "gpu-rediscovery" thread: re-discovers the node when a GPU it could not read reads again.
+
+    Covers the GPUs the served inventory holds as lost (GPU_IS_LOST or a stuck call while they were read,
+    at start or on a reload) and those it could not even open; checks each through its NVML lane
+    (nvml/events.py: probe, probe_index) and calls `follower.refresh`. A GPU that reads again but is
+    still lost after that (it fails the longer read of discovery) backs off, doubling to
+    REDISCOVERY_BACKOFF_MAX_S, so it cannot make the daemon rebuild its snapshot every few seconds.
+    """
+
+    def __init__(self, follower: SnapshotFollower, interval_s: float) -> None:
+        super().__init__("gpu-rediscovery")
+        self._follower = follower
+        self._interval_s = interval_s
+        self._not_before: dict[int, tuple[float, float]] = {}  # GPU index -> (next check, its delay)
+        self._failures = FailureLog(log)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(self._interval_s):
+            try:
+                self.check()
+            except Exception as exc:  # a bug must not end re-discovery: say so once per kind and go on
+                self._failures.report_first(
+                    f"bug {type(exc).__name__}", f"GPU re-discovery failed ({exc}); continuing", exc_info=True
+                )
+
+    def check(self) -> bool:
+        """Re-discover now if a GPU that was unreadable reads again; True when a refresh was applied."""
+        snapshot, session = self._follower.current
+        if snapshot is None or session is None:
+            return False
+        now = time.monotonic()
+        back = [
+            i for i in _unread_gpus(snapshot.inventory) if self._due(i, now) and _reads(session, snapshot, i)
+        ]
+        if not back:
+            return False
+        reason = f"GPU {', '.join(map(str, back))} readable again"
+        log.info("%s: re-discovering the node, so what was read of it while it was lost is replaced", reason)
+        applied = self._follower.refresh(reason)
+        current = self._follower.current[0] or snapshot
+        still = set(_unread_gpus(current.inventory))
+        for index in back:
+            if index in still:
+                self._back_off(index, now)
+            else:
+                self._not_before.pop(index, None)
+        return applied
+
+    def _due(self, index: int, now: float) -> bool:
+        entry = self._not_before.get(index)
+        return entry is None or now >= entry[0]
+
+    def _back_off(self, index: int, now: float) -> None:
+        delay = min(self._not_before.get(index, (0.0, self._interval_s))[1] * 2, REDISCOVERY_BACKOFF_MAX_S)
+        self._not_before[index] = (now + delay, delay)
+
+
+def _unread_gpus(inventory: Inventory) -> list[int]:
+    """GPU indices discovery could not read whole: held as lost, or not opened for a lost or stuck GPU."""
+    held = {gpu.index for gpu in inventory.gpus}
+    lost = [gpu.index for gpu in inventory.gpus if gpu.lost]
+    unopened = {
+        p.gpu_index
+        for p in inventory.problems
+        if p.gpu_index is not None and p.gpu_index not in held and p.code in _REREAD_CODES
+    }
+    return sorted({*lost, *unopened})
+
+
+def _reads(session: NvmlSession, snapshot: Snapshot, index: int) -> bool:
+    gpu = next((g for g in snapshot.inventory.gpus if g.index == index), None)
+    if gpu is None:
+        return nvml_events.probe_index(session.nv, index)
+    return nvml_events.probe(session.nv, gpu.uuid).state == "ok"
 
 
 class ReloadRetry(Worker):

@@ -16,6 +16,8 @@ BENCH = PACKAGE.parent / "bench"
 
 RANKS = {  # area (top-level module or package) -> rank; "" is the package itself (__version__)
     **dict.fromkeys(("", "errors", "logs", "workers", "atomicfile", "fswatch", "signals", "api"), 0),
+    "boundedio": 0,  # every read of a node-writable file, config/ included
+    "children": 0,  # every child process: a clean signal mask, a deadline, bounded output
     **dict.fromkeys(("config", "devices", "plugin"), 1),
     **dict.fromkeys(("events", "nvml", "mig_layout"), 2),  # nvml/sim/ is part of nvml
     "resources": 3,

@@ -19,8 +19,6 @@ import base64
 import binascii
 import copy
 import json
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
+from nvidia_device_plugin.boundedio import read_bytes
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiSpec
 from nvidia_device_plugin.cdi.version import minimum_version
 
@@ -36,37 +35,13 @@ MAX_CHECKPOINT_BYTES = 32 * 1024 * 1024
 MAX_SPEC_BYTES = 16 * 1024 * 1024
 
 
-def read_bounded(path: Path, limit: int, follow: bool = True) -> bytes:
-    """The bytes of the regular file `path`, at most `limit`; OSError / CdiError for anything else.
-
-    Opened without blocking (a FIFO cannot hang the reader), checked on the open descriptor, and read
-    up to one byte past the limit, so a file that grows or lies about its size is still refused.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CdiError(f"{path} is not a regular file")
-        chunks: list[bytes] = []
-        remaining = limit + 1
-        while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 16))):
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:
-        raise CdiError(f"{path} is larger than {limit // (1024 * 1024)} MiB")
-    return data
-
-
 def names_in_use(checkpoint: Path) -> frozenset[str]:
     """Our CDI names in the Allocate responses of kubelet's checkpoint; empty without the file.
 
     Raises CdiError when the checkpoint exists but cannot be read or understood.
     """
     try:
-        data = read_bounded(checkpoint, MAX_CHECKPOINT_BYTES)
+        data = read_bytes(checkpoint, MAX_CHECKPOINT_BYTES)
     except FileNotFoundError:
         return frozenset()
     except OSError as exc:

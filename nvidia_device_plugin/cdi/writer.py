@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.boundedio import read_bytes, read_text
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiPlan, CdiSpec
 from nvidia_device_plugin.cdi.retention import (
     MAX_SPEC_BYTES,
     names_in_use,
-    read_bounded,
     retain,
     spec_document,
 )
@@ -77,7 +77,7 @@ def read_our_specs(spec_dir: Path) -> dict[str, dict[str, Any]]:
     documents = {}
     for name in our_spec_files(spec_dir):
         try:
-            document = spec_document(read_bounded(spec_dir / name, MAX_SPEC_BYTES, follow=False))
+            document = spec_document(read_bytes(spec_dir / name, MAX_SPEC_BYTES))
         except (OSError, CdiError):
             continue
         if document is not None:
@@ -113,11 +113,10 @@ def remove_specs(spec_dir: Path, keep: set[str] | frozenset[str] = frozenset()) 
 
 def _write_if_changed(path: Path, text: str) -> bool:
     try:
-        same = read_bounded(path, MAX_SPEC_BYTES, follow=False) == text.encode()
-        if same and (path.stat().st_mode & 0o777) == SPEC_FILE_MODE:
+        if read_text(path, len(text.encode())) == text and (path.stat().st_mode & 0o777) == SPEC_FILE_MODE:
             return False
-    except (OSError, CdiError):
-        pass  # missing, unreadable or not a regular file: (re)write it
+    except (OSError, ValueError):
+        pass  # missing, unreadable, not a regular file, bigger than ours, not UTF-8: (re)write it
     try:
         replace_file(path, text, SPEC_FILE_MODE)
     except OSError as exc:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, config_loader, env_value
-from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.watch import ConfigWatcher
@@ -29,7 +29,26 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
         help=f"the MPS control program (default {CONTROL_EXECUTABLE}, looked up on PATH); a missing one "
         "is reported per GPU and leaves its replicas not ready [env NVDP_MPS_CONTROL_BINARY]",
     )
+    parser.add_argument(
+        "--mps-quit-timeout",
+        type=_seconds,
+        default=env_value(environ, "NVDP_MPS_QUIT_TIMEOUT", str(QUIT_TIMEOUT_S)),
+        metavar="SECONDS",
+        help=f"how long the `quit`s of one config change, and the exits of their daemons, may take in all "
+        f"(default {QUIT_TIMEOUT_S:g}); a daemon still running then is logged and left running "
+        "[env NVDP_MPS_QUIT_TIMEOUT]",
+    )
     parser.set_defaults(handler=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 3600], got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -54,6 +73,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             open_nvml=open_session,
             watch=watcher if source.watch_paths() else None,
             control_path=args.mps_control_binary,
+            quit_timeout_s=args.mps_quit_timeout,
         )
     )
     serve_until_stopped(daemon.start, daemon.reload, daemon.stop)  # as `run` takes its signals

@@ -1,9 +1,9 @@
 """Config documents: reading the file safely, decoding YAML/JSON, and naming the path of a problem.
 
-Reading is bounded and never blocks: the file is opened with O_NONBLOCK, checked with fstat on the opened
-descriptor (so a swap between check and read cannot fool it) and read up to `MAX_CONFIG_BYTES` + 1 bytes.
-A FIFO put where the config was would otherwise block the daemon in read() (deaf to SIGTERM), and
-/dev/zero would grow its memory without limit.
+Reading is bounded and never blocks (boundedio.py, as for every file the node can write): the file is
+opened with O_NONBLOCK, checked with fstat on the opened descriptor (so a swap between check and read
+cannot fool it) and read up to `MAX_CONFIG_BYTES` + 1 bytes. A FIFO put where the config was would
+otherwise block the daemon in read() (deaf to SIGTERM), and /dev/zero would grow its memory without limit.
 
 Everything that can go wrong between the path and the decoded document (missing, unreadable, not a regular
 file, too big, not UTF-8, bad syntax, nested too deep, refers to itself) is a ConfigError naming the source,
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO, NoReturn
 
 import yaml
 
+from nvidia_device_plugin import boundedio
 from nvidia_device_plugin.config.v1 import VERSION, shown_int
 from nvidia_device_plugin.errors import ConfigError
 
@@ -55,51 +55,22 @@ def read_config_bytes(path: str | os.PathLike[str], limit: int = MAX_CONFIG_BYTE
     """The bytes of a regular file of at most `limit` bytes; ConfigError naming `path` for anything else."""
     source = os.fspath(path)
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        # Symlinks anywhere: config-manager points the config file at one in another directory.
+        return boundedio.read_bytes(source, limit, symlinks="any")
     except FileNotFoundError:
         raise ConfigError(f"{source}: config file not found") from None
+    except boundedio.RefusedFile as exc:
+        if exc.kind == "directory":
+            raise ConfigError(f"{source}: is a directory, not a config file") from None
+        if exc.kind == "too-big":
+            raise ConfigError(_too_big(source, limit)) from None
+        raise ConfigError(f"{source}: is a {exc.file_kind}, not a regular config file") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read config file: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise ConfigError(f"{source}: is a directory, not a config file")
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{source}: is a {_file_kind(info.st_mode)}, not a regular config file")
-        if info.st_size > limit:
-            raise ConfigError(_too_big(source, limit))
-        chunks: list[bytes] = []
-        remaining = limit + 1  # one byte more than allowed tells "too big" from "exactly the limit"
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 65536))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read config file: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:  # the file grew after fstat, or fstat does not know its size (procfs)
-        raise ConfigError(_too_big(source, limit))
-    return data
 
 
 def _too_big(source: str, limit: int) -> str:
     return f"{source}: config file is larger than {limit // 1024} KiB; this cannot be a device-plugin config"
-
-
-def _file_kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "named pipe (FIFO)"
-    if stat.S_ISCHR(mode):
-        return "character device"
-    if stat.S_ISBLK(mode):
-        return "block device"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "special file"
 
 
 def read_config_document(path: str | os.PathLike[str]) -> object:

@@ -13,12 +13,16 @@ import logging
 import os
 from pathlib import Path
 
+from nvidia_device_plugin.boundedio import read_bytes
+
 log = logging.getLogger(__name__)
+
+MAX_COMMAND_LINE_BYTES = 64 * 1024  # enough for the words we look for; a longer command line is cut
 
 
 def _command_line(pid_dir: Path) -> list[str]:
     try:
-        raw = (pid_dir / "cmdline").read_bytes()
+        raw = read_bytes(pid_dir / "cmdline", MAX_COMMAND_LINE_BYTES, truncate=True)
     except OSError:  # gone meanwhile, or not ours to read
         return []
     return [word.decode(errors="replace") for word in raw.split(b"\0") if word]

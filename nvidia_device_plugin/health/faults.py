@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from nvidia_device_plugin.config.v1 import Health
 from nvidia_device_plugin.devices import Gpu, Inventory, describe
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health.policy import REASON_LOST
+from nvidia_device_plugin.health.policy import REASON_LOST, stuck_reason
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.nvml import events as nvml_events
@@ -140,7 +140,12 @@ class FaultTracker:
         newly_lost: set[str] = set()
         for gpu in self._inventory.gpus:
             fault = self._faults.get(gpu.uuid)
-            result = self.probe(gpu.uuid, gpu)
+            result, stuck_call = self._probe(gpu.uuid, gpu)
+            if result == "stuck":  # its lane waits on a call the driver never answered: out of service
+                if fault is None or not fault.lost:
+                    newly_lost.add(gpu.uuid)
+                self.fault(gpu, gpu.uuid, stuck_reason(stuck_call), None, now, lost=True)
+                continue
             if result == "unknown":
                 failures = self._failed_probes.get(gpu.uuid, 0) + 1
                 self._failed_probes[gpu.uuid] = failures
@@ -171,11 +176,15 @@ class FaultTracker:
 
     def probe(self, uuid: str, gpu: Gpu) -> ProbeState:
         """Whether NVML can read the device now (a MIG device through its parent GPU)."""
+        return self._probe(uuid, gpu)[0]
+
+    def _probe(self, uuid: str, gpu: Gpu) -> tuple[ProbeState, str]:
+        """probe(), and the stuck call when the state is "stuck" (named in the log by nvml/bounded.py)."""
         mig = self._inventory.mig_device(uuid)
         result = nvml_events.probe(self._nv, gpu.uuid, (mig.index, mig.uuid) if mig is not None else None)
-        if result.failure is not None:
+        failure = result.failure
+        if failure is not None and not failure.stuck:
             self._failures.report_first(
-                f"probe {result.failure.code}",
-                f"cannot check {describe(self._inventory, uuid)}: {result.failure}",
+                f"probe {failure.code}", f"cannot check {describe(self._inventory, uuid)}: {failure}"
             )
-        return result.state
+        return result.state, failure.call if failure is not None else ""

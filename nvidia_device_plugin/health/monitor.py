@@ -34,8 +34,12 @@ devices: see health/policy.py):
   their grace period starts at start().
 * Ignored XIDs: the first in each minute is logged at INFO with its device; further ones that minute are
   counted and summed up in one line when the minute is over, so a storm costs two lines a minute.
-* Events are handled one at a time as the wait returns them; nothing is queued here, so a storm costs
-  time, not memory (NVML, or the simulator, holds what has not been read yet).
+* Events are read in batches of at most _BATCH (the next one and those queued behind it) and handled one
+  at a time; nothing more is queued here, so a storm costs time, not memory (NVML, or the simulator,
+  holds what has not been read yet).
+* NVML calls have deadlines (nvml/bounded.py): a GPU whose call does not return is marked unhealthy at
+  once, with the call in its reason ("NVML call nvmlDeviceGetMemoryInfo stuck"), and checked again every
+  poll; the other GPUs' checks, and the event wait, go on meanwhile.
 * stop() interrupts the event wait where the NVML API can (the simulator); real NVML's wait cannot be
   interrupted safely, so there stop() waits out the current wait (wait_timeout_ms, 500 ms by default).
 """
@@ -52,7 +56,13 @@ from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.events import NO_EVENTS, Events
 from nvidia_device_plugin.health.faults import LOST_AFTER_FAILED_PROBES, FaultTracker
 from nvidia_device_plugin.health.ignored import IgnoredXidLog
-from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST, attribute_xid, xid_reason
+from nvidia_device_plugin.health.policy import (
+    REASON_DOUBLE_BIT_ECC,
+    REASON_LOST,
+    attribute_xid,
+    stuck_reason,
+    xid_reason,
+)
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.nvml import events as nvml_events
@@ -66,6 +76,7 @@ log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 5.0
 _DRAIN_LIMIT = 10_000  # events read from an event set that is being replaced
+_BATCH = 256  # events read per wait: the next event and those queued behind it
 _URGENT_CHECK_MIN_S = 1.0  # least time between out-of-turn liveness checks (a storm of unreadable events)
 _MAX_FAILURES_KEPT = 1024  # bounds the "once per distinct reason" memory against foreign device UUIDs
 
@@ -194,14 +205,14 @@ class HealthMonitor(Worker):
         if event_set is None or self.stopping.is_set():  # see wake(): this check must precede the wait
             return
         try:
-            event = nvml_events.wait_event(self._nv, event_set, self._wait_timeout_ms)
+            events = nvml_events.wait_events(self._nv, event_set, self._wait_timeout_ms, _BATCH)
         except NvmlFailure as failure:
             self._wait_failed(failure)
             return
         if self._wait_failures.clear_all():
             log.info("waiting for NVML events works again")
         self._backoff_s = self._initial_backoff_s
-        if event is not None:
+        for event in events:
             self._handle_event(event)
 
     def _wait_failed(self, failure: NvmlFailure) -> None:
@@ -292,7 +303,9 @@ class HealthMonitor(Worker):
         try:
             mask = nvml_events.register_gpu(self._nv, event_set, gpu.uuid, self._wanted_events)
         except NvmlFailure as failure:
-            if failure.means_lost:
+            if failure.stuck:
+                self._faults.fault(gpu, gpu.uuid, stuck_reason(failure.call), None, self._clock(), lost=True)
+            elif failure.means_lost:
                 self._faults.fault(gpu, gpu.uuid, REASON_LOST, None, self._clock(), lost=True)
             elif failure.not_supported:
                 self._report_polled(gpu, "it supports no health events")

@@ -17,6 +17,12 @@ from nvidia_device_plugin.devices import Gpu
 REASON_LOST = "GPU lost"
 REASON_DOUBLE_BIT_ECC = "double-bit ECC error"
 
+
+def stuck_reason(call: str) -> str:
+    """The reason recorded for a GPU whose NVML call `call` did not return (nvml/bounded.py)."""
+    return f"NVML call {call} stuck" if call else "NVML call stuck"
+
+
 # Names of XIDs an operator is likely to meet, from NVIDIA's XID catalogue, for log lines only.
 _XID_NAMES = {
     13: "graphics engine exception",

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health.policy import REASON_LOST
 from nvidia_device_plugin.resources import AdvertisedDevice
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,24 @@ REASON_LOST_AT_START_UP = "GPU lost at start-up"
 
 
 def mark_lost_at_start_up(registry: HealthRegistry, inventory: Inventory) -> None:
-    """Mark the GPUs discovery found lost (GPU_IS_LOST) unhealthy, before they are served; the health
-    monitor adopts them and keeps probing them."""
+    """Mark the GPUs discovery found lost (GPU_IS_LOST, or a call stuck) unhealthy, before they are served;
+    the health monitor adopts them and keeps probing them."""
     for gpu in inventory.gpus:
         if gpu.lost:
             registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, reason=REASON_LOST_AT_START_UP))
+
+
+def follow_rediscovery(registry: HealthRegistry, inventory: Inventory) -> None:
+    """On a reload: mark the GPUs discovery found lost now (as lost: this is no start-up), and bring back
+    those lost at start-up that it read whole this time.
+
+    A GPU that was unreadable when the plugin started has served nothing yet, and a plugin restart would
+    serve it Healthy once it reads: a reload that reads it whole does the same, health.recovery or not.
+    A GPU lost while it was served stays under the health monitor's rules.
+    """
+    unhealthy = registry.unhealthy()
+    for gpu in inventory.gpus:
+        if gpu.lost:
+            registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, reason=REASON_LOST))
+        elif unhealthy.get(gpu.uuid) == REASON_LOST_AT_START_UP:
+            registry.mark(HealthChange(uuid=gpu.uuid, healthy=True, reason="re-discovered: read whole again"))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
 from nvidia_device_plugin.errors import DevicePluginError
 
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
@@ -49,6 +50,6 @@ def read_machine_type(path: str) -> str:
     if not path:
         return "unknown"
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").strip() or "unknown"
+        return read_text(path, SMALL_FILE_BYTES, errors="replace").strip() or "unknown"
     except OSError:
         return "unknown"

@@ -17,6 +17,7 @@ from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.nvml.api import DeviceHandle, NvmlApi
 from nvidia_device_plugin.nvml.errors import (
     ABSENT,
+    NVML_CALL_STUCK,
     NvmlErrorKind,
     classify,
     error_code,
@@ -63,14 +64,7 @@ def discover(nv: NvmlApi, sysfs_root: Path = Path("/sys"), proc_root: Path | Non
     count = nvml_call(nv.nvmlDeviceGetCount, what="counting GPUs")
     reader = Reader(nv)
     host = _Host(sysfs_root, proc_root, read_mig_minors(proc_root) if proc_root is not None else {})
-    found: list[tuple[Gpu, DeviceHandle]] = []
-    for i in range(count):
-        handle = _open_gpu(reader, i)
-        if handle is None:
-            continue
-        gpu = _gpu(reader, i, handle, host)
-        if gpu is not None:
-            found.append((gpu, handle))
+    found = [read for i in range(count) if (read := _read_gpu(reader, i, host)) is not None]
     gpus, links = read_links(reader, found)
     driver = reader.call(
         nv.nvmlSystemGetDriverVersion,
@@ -95,6 +89,41 @@ def discover(nv: NvmlApi, sysfs_root: Path = Path("/sys"), proc_root: Path | Non
     )
 
 
+@dataclass
+class _Progress:
+    """What a GPU's reading had got to: what is served of it when a call on it gets stuck."""
+
+    handle: DeviceHandle | None = None
+    gpu: Gpu | None = None
+
+
+def _read_gpu(reader: Reader, index: int, host: _Host) -> tuple[Gpu, DeviceHandle] | None:
+    """GPU `index` and its handle, read on its lane in one job; None when it cannot be advertised.
+
+    A call on it that gets stuck (nvml/bounded.py) leaves it served as lost with what was read before,
+    as GPU_IS_LOST does; stuck before its UUID was read, it is not advertised (a reload carries it over
+    from the inventory before, snapshot.carry_over_lost).
+    """
+    progress = _Progress()
+
+    def job() -> tuple[Gpu, DeviceHandle] | None:
+        progress.handle = _open_gpu(reader, index)
+        if progress.handle is None:
+            return None
+        gpu = _gpu(reader, index, progress.handle, host, progress)
+        return None if gpu is None else (gpu, progress.handle)
+
+    try:
+        return reader.on_gpu(index, f"reading GPU {index}", job)
+    except GpuLost as lost:
+        if progress.gpu is None or progress.handle is None:
+            message = f"GPU {index}: {lost.call} is stuck in the NVIDIA driver; {_NOT_ADVERTISED}"
+            reader.note(index, lost.call, NVML_CALL_STUCK, message)
+            return None
+        reader.note_lost(index, progress.gpu.uuid, lost.call, stuck=True)
+        return replace(progress.gpu, lost=True), progress.handle
+
+
 def _open_gpu(reader: Reader, index: int) -> DeviceHandle | None:
     try:
         return reader.nv.nvmlDeviceGetHandleByIndex(index)
@@ -108,7 +137,7 @@ def _open_gpu(reader: Reader, index: int) -> DeviceHandle | None:
         return None
 
 
-def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host) -> Gpu | None:
+def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host, progress: _Progress) -> Gpu | None:
     """One GPU, or None when it cannot be advertised (its UUID or minor unreadable, a display adapter).
 
     Each step adds what it read to `gpu`, which stays `lost` until the last one: a GPU that answers
@@ -117,39 +146,49 @@ def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host) -> Gpu |
     uuid = _read_uuid(reader, index, handle)
     if uuid is None:
         return None
-    gpu = _unread_gpu(index, uuid)
+    gpu = progress.gpu = _unread_gpu(index, uuid)
     try:
-        gpu = replace(gpu, name=_read_name(reader, index, handle))
+        gpu = progress.gpu = replace(gpu, name=_read_name(reader, index, handle))
         if gpu.name in DISPLAY_GPU_NAMES:
             return None
         minor = _read_minor(reader, index, handle)
         if minor is None:
             return None
-        gpu = replace(gpu, minor=minor)
-        gpu = replace(gpu, memory_bytes=_read_memory(reader, index, handle))
-        gpu = _with_pci(reader, index, handle, gpu, host.sysfs_root)
+        gpu = progress.gpu = replace(gpu, minor=minor)
+        gpu = progress.gpu = replace(gpu, memory_bytes=_read_memory(reader, index, handle))
+        gpu = progress.gpu = _with_pci(reader, index, handle, gpu, host.sysfs_root)
         mig_mode = _mig_enabled(reader, handle, index)
         if mig_mode is None:
             return None
         mig_enabled, mig_capable = mig_mode
-        vgpu_checked, vgpu = read_vgpu(gpu.pci_bus_id, host.sysfs_root)
-        gpu = replace(
-            gpu,
-            mig_capable=mig_capable,
-            compute_capability=_compute_capability(reader, handle, index),
-            pci_class=read_pci_class(gpu.pci_bus_id, host.sysfs_root),
-            fabric=read_fabric(reader, handle, index),
-            vgpu=vgpu,
-            vgpu_checked=vgpu_checked,
-            pcie_root=read_pcie_root(gpu.pci_bus_id, host.sysfs_root),
+        gpu = progress.gpu = _with_platform_facts(
+            reader, index, handle, host, replace(gpu, mig_capable=mig_capable)
         )
-        brand, architecture = read_brand_and_architecture(reader, handle, index)
-        gpu = replace(gpu, brand=brand, architecture=architecture)
         migs = read_mig_devices(reader, handle, gpu, host.proc_root, host.caps) if mig_enabled else ()
     except GpuLost as lost:
+        if lost.stuck:
+            raise  # stuck: _read_gpu serves what `progress` holds
         reader.note_lost(index, uuid, lost.call)
         return gpu
     return replace(gpu, mig_enabled=mig_enabled, mig_devices=migs, lost=False)
+
+
+def _with_platform_facts(reader: Reader, index: int, handle: DeviceHandle, host: _Host, gpu: Gpu) -> Gpu:
+    """`gpu` with what labels and DRA read beside the allocation facts: compute capability, PCI class
+    and root, NVLink fabric, the vGPU capability, brand and architecture."""
+    vgpu_checked, vgpu = read_vgpu(gpu.pci_bus_id, host.sysfs_root)
+    brand, architecture = read_brand_and_architecture(reader, handle, index)
+    return replace(
+        gpu,
+        compute_capability=_compute_capability(reader, handle, index),
+        pci_class=read_pci_class(gpu.pci_bus_id, host.sysfs_root),
+        fabric=read_fabric(reader, handle, index),
+        vgpu=vgpu,
+        vgpu_checked=vgpu_checked,
+        pcie_root=read_pcie_root(gpu.pci_bus_id, host.sysfs_root),
+        brand=brand,
+        architecture=architecture,
+    )
 
 
 def _unread_gpu(index: int, uuid: str) -> Gpu:

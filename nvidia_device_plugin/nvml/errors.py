@@ -26,10 +26,14 @@ class NvmlErrorKind(enum.Enum):
     CALL_MISSING = "call missing"  # the driver is too old to have this call
     NO_PERMISSION = "no permission"  # in a container: not privileged, or without a capability
     TIMEOUT = "timeout"  # an event wait ended with nothing to read
+    STUCK = "stuck"  # the call did not return within its deadline (nvml/bounded.py): served as lost
     NO_DRIVER = "no driver"  # no driver library or kernel module: nothing can be served
     UNINITIALIZED = "uninitialized"  # NVML was not initialised (a bug of ours)
     OTHER = "other"  # anything else, UNKNOWN among them: real drivers return it transiently
 
+
+# Not an NVML return code: what nvml/bounded.py's NvmlCallStuck carries (NVML's own codes stay below 1000).
+NVML_CALL_STUCK = 1000
 
 # NVML return code -> (kind, what an operator reads instead of pynvml's text; None: pynvml's text).
 _CODES: dict[int, tuple[NvmlErrorKind, str | None]] = {
@@ -58,6 +62,7 @@ _CODES: dict[int, tuple[NvmlErrorKind, str | None]] = {
     pynvml.NVML_ERROR_NOT_SUPPORTED: (NvmlErrorKind.NOT_SUPPORTED, None),
     pynvml.NVML_ERROR_INVALID_ARGUMENT: (NvmlErrorKind.INVALID_ARGUMENT, None),
     pynvml.NVML_ERROR_TIMEOUT: (NvmlErrorKind.TIMEOUT, None),
+    NVML_CALL_STUCK: (NvmlErrorKind.STUCK, None),
 }
 
 # What a device answers for a feature or an index it does not have: MIG mode on a pre-Ampere GPU, an

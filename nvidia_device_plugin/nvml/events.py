@@ -19,6 +19,7 @@ from typing import Literal, Protocol, runtime_checkable
 import pynvml
 
 from nvidia_device_plugin.nvml.api import DeviceHandle, EventData, EventSetHandle, NvmlApi
+from nvidia_device_plugin.nvml.bounded import EVENTS, on_lane
 from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code
 
 NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
@@ -48,7 +49,13 @@ class NvmlFailure(Exception):
     def __init__(self, exc: pynvml.NVMLError) -> None:
         self.code = error_code(exc)
         self.kind = classify(exc)
-        super().__init__(f"{exc} (NVML error {self.code})")
+        self.call: str = getattr(exc, "call", "")  # the stuck call, for STUCK (nvml/bounded.py)
+        super().__init__(str(exc) if self.stuck else f"{exc} (NVML error {self.code})")
+
+    @property
+    def stuck(self) -> bool:
+        """A call on the device did not return within its deadline (it may still be running)."""
+        return self.kind is NvmlErrorKind.STUCK
 
     @property
     def means_lost(self) -> bool:
@@ -83,12 +90,12 @@ class HealthEvent:
     uuid_failure: NvmlFailure | None = field(default=None, compare=False)
 
 
-ProbeState = Literal["ok", "lost", "unknown"]
+ProbeState = Literal["ok", "lost", "stuck", "unknown"]
 
 
 @dataclass(frozen=True)
 class Probe:
-    """Whether NVML reads a device now; `failure` says why when the state is "unknown"."""
+    """Whether NVML reads a device now; `failure` says why when the state is "unknown" or "stuck"."""
 
     state: ProbeState
     failure: NvmlFailure | None = field(default=None, compare=False)
@@ -110,29 +117,50 @@ def create_event_set(nv: NvmlApi) -> EventSetHandle:
 
 def register_gpu(nv: NvmlApi, event_set: EventSetHandle, gpu_uuid: str, wanted: int) -> int:
     """Register `gpu_uuid` for the `wanted` events it supports; returns those bits (0: it supports none)."""
-    try:
+
+    def register() -> int:
         handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
         mask = int(nv.nvmlDeviceGetSupportedEventTypes(handle)) & wanted
         if mask:
             nv.nvmlDeviceRegisterEvents(handle, mask, event_set)
-    except pynvml.NVMLError as exc:
-        raise NvmlFailure(exc) from exc
-    return mask
+        return mask
 
-
-def wait_event(nv: NvmlApi, event_set: EventSetHandle, timeout_ms: int) -> HealthEvent | None:
-    """The next event, or None when `timeout_ms` passed (or the wait was interrupted) without one."""
     try:
-        data = nv.nvmlEventSetWait_v2(event_set, timeout_ms)
+        return on_lane(nv, gpu_uuid, f"registering {gpu_uuid} for events", register)
     except pynvml.NVMLError as exc:
-        if classify(exc) is NvmlErrorKind.TIMEOUT:
-            return None
         raise NvmlFailure(exc) from exc
-    return _decode(nv, data)
 
 
-def drain_events(nv: NvmlApi, event_set: EventSetHandle, limit: int) -> Iterator[HealthEvent]:
-    """Events already queued on `event_set`, at most `limit`; ends at the first empty read or error."""
+def wait_events(nv: NvmlApi, event_set: EventSetHandle, timeout_ms: int, limit: int) -> list[HealthEvent]:
+    """The next event and those queued behind it (at most `limit`), or none when `timeout_ms` passed (or
+    the wait was interrupted) without one. One job on the event set's lane, so a storm costs one hand-over
+    per batch, not per event."""
+
+    def wait() -> list[HealthEvent]:
+        try:
+            data = nv.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except pynvml.NVMLError as exc:
+            if classify(exc) is NvmlErrorKind.TIMEOUT:
+                return []
+            raise
+        return [_decode(nv, data), *_queued(nv, event_set, limit - 1)]
+
+    try:
+        return on_lane(nv, EVENTS, "waiting for NVML events", wait, extra_s=timeout_ms / 1000.0)
+    except pynvml.NVMLError as exc:
+        raise NvmlFailure(exc) from exc
+
+
+def drain_events(nv: NvmlApi, event_set: EventSetHandle, limit: int) -> list[HealthEvent]:
+    """Events already queued on `event_set`, at most `limit`; ends at the first empty read or error
+    (a stuck read among them)."""
+    try:
+        return on_lane(nv, EVENTS, "reading queued NVML events", lambda: list(_queued(nv, event_set, limit)))
+    except pynvml.NVMLError:
+        return []
+
+
+def _queued(nv: NvmlApi, event_set: EventSetHandle, limit: int) -> Iterator[HealthEvent]:
     for _ in range(limit):
         try:
             data = nv.nvmlEventSetWait_v2(event_set, 0)
@@ -158,7 +186,14 @@ def interrupt_wait(nv: NvmlApi, event_set: EventSetHandle) -> bool:
 
 def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Probe:
     """Whether NVML reads the GPU now (handle by UUID, its UUID, its memory info), and the MIG device
-    (index, UUID) on it when given."""
+    (index, UUID) on it when given. "stuck" when a call on it does not return in time (nvml/bounded.py)."""
+    try:
+        return on_lane(nv, gpu_uuid, f"checking {gpu_uuid}", lambda: _probe(nv, gpu_uuid, mig))
+    except pynvml.NVMLError as exc:  # stuck: the job did not return
+        return Probe("stuck", NvmlFailure(exc))
+
+
+def _probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None) -> Probe:
     try:
         handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
         if nv.nvmlDeviceGetUUID(handle) != gpu_uuid:
@@ -174,17 +209,35 @@ def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Pro
                 return Probe("lost")
     except pynvml.NVMLError as exc:
         failure = NvmlFailure(exc)
+        if failure.stuck:
+            return Probe("stuck", failure)
         return Probe("lost") if failure.means_lost else Probe("unknown", failure)
     return Probe("ok")
 
 
-def uncorrected_ecc(nv: NvmlApi, gpu_uuid: str) -> int | None:
-    """The GPU's volatile uncorrected ECC error count; None where NVML cannot say (no ECC, no access)."""
+def probe_index(nv: NvmlApi, index: int) -> bool:
+    """Whether NVML opens GPU `index` and reads its UUID now (a GPU discovery could not even open)."""
+
+    def read() -> bool:
+        return bool(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index)))
+
     try:
-        handle = nv.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        return on_lane(nv, index, f"checking GPU {index}", read)
+    except pynvml.NVMLError:
+        return False
+
+
+def uncorrected_ecc(nv: NvmlApi, gpu_uuid: str) -> int | None:
+    """The GPU's volatile uncorrected ECC error count; None where NVML cannot say (no ECC, no access, a
+    call stuck)."""
+
+    def read() -> int | None:
+        return _uncorrected_ecc(nv, nv.nvmlDeviceGetHandleByUUID(gpu_uuid))
+
+    try:
+        return on_lane(nv, gpu_uuid, f"reading the ECC errors of {gpu_uuid}", read)
     except pynvml.NVMLError:
         return None
-    return _uncorrected_ecc(nv, handle)
 
 
 def _uncorrected_ecc(nv: NvmlApi, handle: DeviceHandle) -> int | None:
@@ -199,6 +252,20 @@ def _uncorrected_ecc(nv: NvmlApi, handle: DeviceHandle) -> int | None:
 
 
 def recovery_blocker(nv: NvmlApi, gpu_uuid: str, ecc_baseline: int | None) -> str | None:
+    """Why the GPU must stay out of service although NVML reads it (see _recovery_blocker); a check
+    that does not return in time is one such reason."""
+    try:
+        return on_lane(
+            nv,
+            gpu_uuid,
+            f"checking {gpu_uuid} can return",
+            lambda: _recovery_blocker(nv, gpu_uuid, ecc_baseline),
+        )
+    except pynvml.NVMLError as exc:
+        return f"checking it got stuck ({NvmlFailure(exc)})"
+
+
+def _recovery_blocker(nv: NvmlApi, gpu_uuid: str, ecc_baseline: int | None) -> str | None:
     """Why the GPU must stay out of service although NVML reads it, or None when nothing NVML can tell
     speaks against it: new uncorrectable ECC errors since the fault, pending or failed row remapping,
     a GPU recovery action (reset, reboot, drain) the driver asks for. Checks the driver lacks are skipped.

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pynvml
 
+from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
+
 # GPU-instance profile ID (nvmlGpuInstanceProfile index) -> (slices, attribute suffix).
 _P = pynvml
 GPU_INSTANCE_PROFILES: dict[int, tuple[int, str]] = {
@@ -75,6 +77,8 @@ def mig_profile_name(
 
 # ---- capability minors ----------------------------------------------------------------------------
 
+# One line per possible GPU / GPU instance / compute instance: about 100 KiB on a real driver.
+MAX_MIG_MINORS_BYTES = 1024 * 1024
 _MINOR_LINE = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access\s+(\d+)$")
 CapsMinors = dict[tuple[int, int, int | None], int]  # (GPU minor, GI, CI or None) -> nvidia-cap minor
 
@@ -82,8 +86,8 @@ CapsMinors = dict[tuple[int, int, int | None], int]  # (GPU minor, GI, CI or Non
 def read_mig_minors(proc_root: Path) -> CapsMinors:
     """<proc>/driver/nvidia-caps/mig-minors, parsed; empty when the file is absent or unreadable."""
     try:
-        text = (proc_root / "driver" / "nvidia-caps" / "mig-minors").read_text()
-    except OSError:
+        text = read_text(proc_root / "driver" / "nvidia-caps" / "mig-minors", MAX_MIG_MINORS_BYTES)
+    except (OSError, ValueError):
         return {}
     minors: CapsMinors = {}
     for line in text.splitlines():
@@ -100,8 +104,8 @@ def read_capability_access(proc_root: Path, gpu_minor: int, gi: int, ci: int | N
     if ci is not None:
         path = path / f"ci{ci}"
     try:
-        text = (path / "access").read_text()
-    except OSError:
+        text = read_text(path / "access", SMALL_FILE_BYTES)
+    except (OSError, ValueError):
         return None
     for line in text.splitlines():
         key, _, value = line.partition(":")

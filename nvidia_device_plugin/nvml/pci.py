@@ -1,7 +1,7 @@
 """A GPU's PCI identity: NVML's bus ID as text, and what the kernel's sysfs says about the device.
 
 NVML writes a bus ID as "00000000:07:00.0" (bytes from ctypes); sysfs names the same device
-"0000:07:00.0". Discovery reads the NUMA node and PCI class from there, as GFD does.
+"0000:07:00.0". Discovery reads the NUMA node and PCI class from there, as GFD does (bounded: boundedio.py).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
 from nvidia_device_plugin.nvml.api import PciInfo
 
 _PCIE_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
@@ -26,8 +27,8 @@ def read_pci_class(pci_bus_id: str, sysfs_root: Path) -> str | None:
     if path is None:
         return None
     try:
-        text = (path / "class").read_text().strip().lower()
-    except OSError:
+        text = read_text(path / "class", SMALL_FILE_BYTES).strip().lower()
+    except (OSError, ValueError):
         return None
     return text if text.startswith("0x") else None
 
@@ -42,7 +43,7 @@ def read_numa_node(pci_bus_id: str, sysfs_root: Path) -> int | None:
     if path is None:
         return None
     try:
-        node = int((path / "numa_node").read_text().strip())
+        node = int(read_text(path / "numa_node", SMALL_FILE_BYTES).strip())
     except (OSError, ValueError):
         return None
     return node if node >= 0 else None

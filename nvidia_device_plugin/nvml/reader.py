@@ -15,17 +15,19 @@ import pynvml
 
 from nvidia_device_plugin.devices import DiscoveryProblem
 from nvidia_device_plugin.nvml.api import NvmlApi
-from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code, nvml_error
+from nvidia_device_plugin.nvml.bounded import NvmlCallStuck, on_lane
+from nvidia_device_plugin.nvml.errors import NVML_CALL_STUCK, NvmlErrorKind, classify, error_code, nvml_error
 
 T = TypeVar("T")
 
 
 class GpuLost(Exception):
-    """NVML answered GPU_IS_LOST for a GPU while it was being read."""
+    """NVML answered GPU_IS_LOST for a GPU while it was being read, or a call on it got stuck."""
 
-    def __init__(self, call: str) -> None:
+    def __init__(self, call: str, stuck: bool = False) -> None:
         super().__init__(call)
         self.call = call
+        self.stuck = stuck
 
 
 class Reader:
@@ -60,8 +62,24 @@ class Reader:
                 self.note(gpu, _name(fn), error_code(exc), f"{nvml_error(exc, what)}; {consequence}")
             return fallback
 
-    def note_lost(self, index: int, uuid: str, call: str) -> None:
-        """GPU `index` answered GPU_IS_LOST from `call`: it is served as lost, and the problem says so."""
+    def on_gpu(self, index: int, what: str, job: Callable[[], T]) -> T:
+        """`job()` on GPU `index`'s lane (nvml/bounded.py): its calls in one hand-over, within the call
+        deadline. Raises GpuLost(stuck=True), naming the call, when it does not return in time."""
+        try:
+            return on_lane(self.nv, index, what, job)
+        except NvmlCallStuck as exc:
+            raise GpuLost(exc.call, stuck=True) from exc
+
+    def note_lost(self, index: int, uuid: str, call: str, stuck: bool = False) -> None:
+        """GPU `index` answered GPU_IS_LOST from `call` (or `call` got stuck on it): it is served as lost,
+        and the problem says so."""
+        if stuck:
+            message = (
+                f"GPU {index} ({uuid}): {call} is stuck in the NVIDIA driver; advertised as Unhealthy with "
+                "what was read before, and read again once its calls return"
+            )
+            self.note(index, call, NVML_CALL_STUCK, message)
+            return
         self.note(index, call, pynvml.NVML_ERROR_GPU_IS_LOST, lost_message(index, uuid, call))
 
     def note(self, gpu: int | None, call: str, code: int, message: str) -> None:
@@ -79,8 +97,12 @@ def lost_message(index: int, uuid: str, call: str) -> str:
 
 
 def raise_if_lost(exc: pynvml.NVMLError, call: str) -> None:
-    """GpuLost when `exc` is GPU_IS_LOST (from `call`): the caller then serves the GPU as lost."""
-    if classify(exc) is NvmlErrorKind.GPU_LOST:
+    """GpuLost when `exc` is GPU_IS_LOST (from `call`) or a stuck call (nvml/bounded.py): the caller then
+    serves the GPU as lost."""
+    kind = classify(exc)
+    if kind is NvmlErrorKind.STUCK:
+        raise GpuLost(getattr(exc, "call", call), stuck=True) from exc
+    if kind is NvmlErrorKind.GPU_LOST:
         raise GpuLost(call) from exc
 
 

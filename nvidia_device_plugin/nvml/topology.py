@@ -16,6 +16,9 @@ from nvidia_device_plugin.nvml.errors import ABSENT, NvmlErrorKind, classify, er
 from nvidia_device_plugin.nvml.pci import bus_id_text
 from nvidia_device_plugin.nvml.reader import GpuLost, Reader, raise_if_lost
 
+# A pair whose topology read fails so is asked again one GPU at a time, to find which one it is.
+_LOST_OR_STUCK = frozenset({NvmlErrorKind.GPU_LOST, NvmlErrorKind.STUCK})
+
 
 def read_links(
     reader: Reader, found: list[tuple[Gpu, DeviceHandle]]
@@ -30,21 +33,23 @@ def read_links(
             direct[gpu.index], to_switch[gpu.index] = Counter(), 0
             continue
         try:
-            direct[gpu.index], to_switch[gpu.index] = _nvlinks(reader, gpu.index, handle, by_bus)
+            direct[gpu.index], to_switch[gpu.index] = reader.on_gpu(
+                gpu.index,
+                f"reading the NVLinks of GPU {gpu.index}",
+                lambda: _nvlinks(reader, gpu.index, handle, by_bus),  # noqa: B023 - called at once
+            )
         except GpuLost as exc:
-            reader.note_lost(gpu.index, gpu.uuid, exc.call)
+            reader.note_lost(gpu.index, gpu.uuid, exc.call, exc.stuck)
             lost.add(gpu.index)
             direct[gpu.index], to_switch[gpu.index] = Counter(), 0
     links = []
     for k, (a, ha) in enumerate(found):
-        for b, hb in found[k + 1 :]:
+        levels = _pcie_levels(reader, (a, ha), found[k + 1 :], lost)
+        for b, _ in found[k + 1 :]:
             lanes = max(direct[a.index][b.index], direct[b.index][a.index])
             if to_switch[a.index] and to_switch[b.index]:
                 lanes += min(to_switch[a.index], to_switch[b.index])
-            level = PcieLevel.SYSTEM
-            if a.index not in lost and b.index not in lost:
-                level = _common_ancestor(reader, a, ha, b, hb, lost)
-            links.append(GpuLink(a=a.index, b=b.index, nvlinks=lanes, pcie=level))
+            links.append(GpuLink(a=a.index, b=b.index, nvlinks=lanes, pcie=levels[b.index]))
     gpus = tuple(
         replace(
             gpu,
@@ -56,6 +61,31 @@ def read_links(
     return gpus, tuple(links)
 
 
+def _pcie_levels(
+    reader: Reader, first: tuple[Gpu, DeviceHandle], others: list[tuple[Gpu, DeviceHandle]], lost: set[int]
+) -> dict[int, PcieLevel]:
+    """How `first` reaches each of `others` over PCIe (SYSTEM where either is lost), read on the lane of
+    `first` in one job; all SYSTEM, and `first` lost, when that job gets stuck."""
+    a, ha = first
+
+    def job() -> dict[int, PcieLevel]:
+        return {
+            b.index: _common_ancestor(reader, a, ha, b, hb, lost)
+            if a.index not in lost and b.index not in lost
+            else PcieLevel.SYSTEM
+            for b, hb in others
+        }
+
+    if not others or a.index in lost:
+        return dict.fromkeys((b.index for b, _ in others), PcieLevel.SYSTEM)
+    try:
+        return reader.on_gpu(a.index, f"reading the PCIe topology of GPU {a.index}", job)
+    except GpuLost as exc:
+        lost.add(a.index)
+        reader.note_lost(a.index, a.uuid, exc.call, exc.stuck)
+        return dict.fromkeys((b.index for b, _ in others), PcieLevel.SYSTEM)
+
+
 def _common_ancestor(
     reader: Reader, a: Gpu, ha: DeviceHandle, b: Gpu, hb: DeviceHandle, lost: set[int]
 ) -> PcieLevel:
@@ -64,14 +94,15 @@ def _common_ancestor(
     try:
         return _pcie_level(reader.nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
     except pynvml.NVMLError as exc:
-        if classify(exc) is NvmlErrorKind.GPU_LOST:
+        if classify(exc) in _LOST_OR_STUCK:
             for gpu, handle in ((a, ha), (b, hb)):  # which of the two is lost: ask each on its own
                 try:
                     reader.nv.nvmlDeviceGetTopologyCommonAncestor(handle, handle)
                 except pynvml.NVMLError as inner:
-                    if classify(inner) is NvmlErrorKind.GPU_LOST and gpu.index not in lost:
+                    if classify(inner) in _LOST_OR_STUCK and gpu.index not in lost:
                         lost.add(gpu.index)
-                        reader.note_lost(gpu.index, gpu.uuid, "nvmlDeviceGetTopologyCommonAncestor")
+                        stuck = classify(inner) is NvmlErrorKind.STUCK
+                        reader.note_lost(gpu.index, gpu.uuid, "nvmlDeviceGetTopologyCommonAncestor", stuck)
         else:
             reader.note(
                 None,

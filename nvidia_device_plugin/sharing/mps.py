@@ -72,14 +72,21 @@ def shared_devices(plan: ResourcePlan) -> tuple[str, ...]:
 
 
 def client_envs(resource_name: str, memory_bytes: int, replicas: int, shares: int = 1) -> dict[str, str]:
-    """Environment for a container holding `shares` MPS replicas of a device with `memory_bytes`."""
+    """Environment for a container holding `shares` MPS replicas of a device with `memory_bytes`.
+
+    A device whose memory is not known (0: lost when it was read) gets no pinned-memory limit, as NVIDIA
+    skips zero-memory devices: "0=0M" would leave the container no device memory at all.
+    """
     memory_mib = pinned_memory_limit_mib(memory_bytes, replicas) * max(shares, 1)
-    return {
+    envs = {
         "CUDA_MPS_PIPE_DIRECTORY": container_pipe_dir(resource_name),
         "CUDA_MPS_LOG_DIRECTORY": container_log_dir(resource_name),
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_mib}M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(active_thread_percentage(replicas, shares)),
     }
+    if memory_mib <= 0:
+        del envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]
+    return envs
 
 
 def single_gpu_preference(

@@ -6,7 +6,9 @@ clients down, and with one daemon per GPU that is one GPU's clients, not the who
 single visible GPU the daemon's device ordinal 0 always means that GPU, so the pinned-memory limit lands on
 the right device. The price: a container's MPS replicas must all be on one GPU, since it has one pipe
 directory per resource (serving/allocate.py refuses a request that spans GPUs). Paths and limits come from
-sharing/mps.py; readiness is published through sharing/readiness.py. This supervisor runs inside the
+sharing/mps.py (per daemon: sharing/mps_specs.py); readiness is published through sharing/readiness.py;
+its processes are found and quit through sharing/mps_processes.py, and every control command is a child
+started by children.py (a clean signal mask, a deadline, bounded output). This supervisor runs inside the
 `mps-control-daemon` command (mps_control.py, cli/mps_control.py), never inside the device plugin.
 """
 
@@ -14,84 +16,33 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin import children
 from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.resources import ResourcePlan
-from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
-from nvidia_device_plugin.sharing.mps import (
-    active_thread_percentage,
-    host_log_dir,
-    host_pipe_dir,
-    pinned_memory_limit_mib,
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
+from nvidia_device_plugin.sharing.mps_processes import (
+    PID_FILE,
+    DaemonProcess,
+    QuitTarget,
+    is_control_daemon,
+    live_process,
+    quit_daemons,
+    restore_pid_file,
+    running_pid,
 )
-from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
+from nvidia_device_plugin.sharing.mps_specs import MpsDaemonSpec, daemon_specs
+from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, read_status, write_status
 from nvidia_device_plugin.workers import Worker
 
+__all__ = ["PID_FILE", "MpsDaemonSpec", "MpsDaemonSupervisor", "daemon_specs", "running_pid"]
+
 log = logging.getLogger(__name__)
-
-PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon into its pipe directory
-
-
-@dataclass(frozen=True)
-class MpsDaemonSpec:
-    """One control daemon: the shared GPU it serves and the limits it hands to its clients."""
-
-    resource_name: str
-    gpu_uuid: str
-    pipe_dir: str
-    log_dir: str
-    status_path: str
-    pinned_memory_limit_mib: int
-    active_thread_percentage: int
-
-    def env(self) -> dict[str, str]:
-        return {
-            "CUDA_VISIBLE_DEVICES": self.gpu_uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir,
-            "CUDA_MPS_LOG_DIRECTORY": self.log_dir,
-        }
-
-    def setup_commands(self) -> tuple[str, ...]:
-        """Control commands that set the client defaults; device 0 is the only GPU the daemon sees."""
-        return (
-            f"set_default_device_pinned_mem_limit 0 {self.pinned_memory_limit_mib}M",
-            f"set_default_active_thread_percentage {self.active_thread_percentage}",
-        )
-
-    @property
-    def label(self) -> str:
-        return f"GPU {self.gpu_uuid} ({self.resource_name})"
-
-
-def daemon_specs(plan: ResourcePlan, mps_root: str) -> tuple[MpsDaemonSpec, ...]:
-    """One daemon per device that `plan` shares with MPS, in plan order; none for other plans."""
-    if plan.sharing != "mps":
-        return ()
-    specs: dict[str, MpsDaemonSpec] = {}
-    for dev in plan.devices:
-        if dev.replica is None or dev.physical_uuid in specs:
-            continue
-        replicas = plan.replicas
-        specs[dev.physical_uuid] = MpsDaemonSpec(
-            resource_name=plan.name,
-            gpu_uuid=dev.physical_uuid,
-            pipe_dir=host_pipe_dir(mps_root, plan.name, dev.physical_uuid),
-            log_dir=host_log_dir(mps_root, plan.name, dev.physical_uuid),
-            status_path=status_path(mps_root, plan.name, dev.physical_uuid),
-            pinned_memory_limit_mib=pinned_memory_limit_mib(dev.memory_bytes, replicas),
-            active_thread_percentage=active_thread_percentage(replicas),
-        )
-    return tuple(specs.values())
-
 
 Hook = Callable[[MpsDaemonSpec], None]
 
@@ -99,7 +50,7 @@ Hook = Callable[[MpsDaemonSpec], None]
 @dataclass
 class _DaemonState:
     spec: MpsDaemonSpec
-    pid: int | None = None  # of the running daemon, once seen
+    daemon: DaemonProcess | None = None  # the running daemon, once seen: the supervisor's own record
     prepared: bool = False  # the GPU was made ready for MPS (compute mode)
     configured: bool = False  # the client defaults were set in the running daemon
     failures: int = 0  # consecutive failed starts or deaths; sets the backoff
@@ -107,19 +58,27 @@ class _DaemonState:
     ready_since: float = 0.0
     published: GpuMpsStatus | None = None  # what the status file says now
 
+    @property
+    def pid(self) -> int | None:
+        return self.daemon.pid if self.daemon is not None else None
+
 
 class MpsDaemonSupervisor(Worker):
     """Keeps one MPS control daemon running per GPU it is given, restarting dead ones, publishing readiness.
 
     `nvidia-cuda-mps-control -d` forks the daemon and returns, so the daemon is not our child. It is
-    found through the pid file it writes into its pipe directory. That also lets a restarted supervisor
-    adopt the daemons still running from its predecessor instead of starting a second set.
+    found through the pid file it writes into its pipe directory (or, for a successor when a tenant deleted
+    that file, through the pid in the status file), which lets a restarted supervisor adopt the daemons
+    still running from its predecessor instead of starting a second set. Once found, the process itself is
+    followed (sharing/mps_processes.py): a pid file a tenant deletes or replaces is written again, and
+    never makes a running daemon count as gone.
 
     `update(specs)` says which daemons are wanted: new ones start, kept ones keep running (their client
     defaults are sent again if the limits changed), and only the ones no longer wanted get `quit`, as
-    `echo quit | nvidia-cuda-mps-control` does. `stop()` never quits a daemon: clients keep running while
-    the supervisor is away, and the status files keep saying what they said. `prepare` runs before a
-    GPU's daemon is started or adopted (compute mode), `release` after it was quit; either raises
+    `echo quit | nvidia-cuda-mps-control` does, all at once and within `quit_timeout_s` in all. `stop()`
+    never quits a daemon: clients keep running while the supervisor is away, and the status files keep
+    saying what they said; it ends any control command under way at once. `prepare` runs before a GPU's
+    daemon is started or adopted (compute mode), `release` after it was quit; either raises
     DevicePluginError to say it failed. The checks run on the supervisor's thread ("mps-supervisor").
     """
 
@@ -133,11 +92,13 @@ class MpsDaemonSupervisor(Worker):
         check_interval_s: float = 1.0,
         start_timeout_s: float = 10.0,
         command_timeout_s: float = 10.0,
+        quit_timeout_s: float = QUIT_TIMEOUT_S,
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
     ) -> None:
         super().__init__("mps-supervisor")
-        self.join_timeout_s = 3 * command_timeout_s + 5.0  # a check runs up to three control commands
+        # A control command ends when stop() is asked; `prepare` (an NVML call) has a deadline of its own.
+        self.join_timeout_s = command_timeout_s + 5.0
         self._states: dict[str, _DaemonState] = {}  # by pipe directory
         self._control_path = control_path
         self._prepare = prepare
@@ -146,6 +107,7 @@ class MpsDaemonSupervisor(Worker):
         self._check_interval_s = check_interval_s
         self._start_timeout_s = start_timeout_s
         self._command_timeout_s = command_timeout_s
+        self._quit_timeout_s = quit_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
         self._lock = threading.Lock()  # one state is checked, or the wanted set changed, at a time
@@ -156,8 +118,7 @@ class MpsDaemonSupervisor(Worker):
         """Supervise exactly `specs` from now on; quit (and release) the daemons no longer wanted."""
         wanted = {spec.pipe_dir: spec for spec in specs}
         with self._lock:
-            for pipe_dir in [p for p in self._states if p not in wanted]:
-                self._retire(self._states.pop(pipe_dir))
+            self._retire([self._states.pop(p) for p in list(self._states) if p not in wanted])
             for pipe_dir, spec in wanted.items():
                 state = self._states.get(pipe_dir)
                 if state is None:
@@ -206,16 +167,7 @@ class MpsDaemonSupervisor(Worker):
     def _check(self, state: _DaemonState) -> None:
         spec = state.spec
         now = time.monotonic()
-        pid = running_pid(spec.pipe_dir)
-        if pid is not None and state.pid is not None and pid != state.pid:
-            log.warning("MPS control daemon for %s was replaced (pid %d, now %d)", spec.label, state.pid, pid)
-            state.configured = False
-        if pid is None and state.pid is not None:
-            log.warning("MPS control daemon for %s (pid %d) exited", spec.label, state.pid)
-            self._publish(state, False, f"control daemon (pid {state.pid}) exited")
-            state.pid = None
-            state.configured = False
-            self._failed(state, now)
+        self._follow(state, now)
         if now < state.next_attempt:
             return
         if not state.prepared:
@@ -227,35 +179,95 @@ class MpsDaemonSupervisor(Worker):
                 self._failed(state, now)
                 return
             state.prepared = True
-        if pid is None:
-            pid, problem = self._launch(spec)
-            if pid is None:
+        if state.daemon is None:
+            daemon, problem = self._launch(spec)
+            if daemon is None:
                 self._publish(state, False, problem)
                 self._failed(state, now)
                 return
-        elif state.pid is None:
-            log.info("MPS control daemon for %s already running (pid %d); adopting it", spec.label, pid)
-        state.pid = pid
+            state.daemon = daemon
         if not state.configured:
-            for command in spec.setup_commands():
-                ok, output = self._send(spec, command)
-                if not ok:
-                    log.warning("MPS control daemon for %s refused %r: %s", spec.label, command, output)
-                    self._publish(state, False, f"control daemon refused {command!r}: {output}")
-                    self._failed(state, now)
-                    return
-            state.configured = True
-            state.ready_since = now
-            log.info(
-                "MPS control daemon ready for %s (pid %d, pinned memory %d MiB, active threads %d%%)",
-                spec.label,
-                pid,
-                spec.pinned_memory_limit_mib,
-                spec.active_thread_percentage,
-            )
+            if not self._configure(state, now):
+                return
         elif state.failures and now - state.ready_since >= self._backoff_max_s:
             state.failures = 0
         self._publish(state, True, "running")
+
+    def _follow(self, state: _DaemonState, now: float) -> None:
+        """Bring `state.daemon` up to date: the one it knows while that process runs (its pid file
+        restored if a tenant took it), else whichever control daemon the pipe directory has now."""
+        spec, known = state.spec, state.daemon
+        if known is not None and known.still_running():
+            self._keep_pid_file(state, known)
+            return
+        found = self._find(spec)
+        if known is not None and found is None:
+            log.warning("MPS control daemon for %s (pid %d) exited", spec.label, known.pid)
+            self._publish(state, False, f"control daemon (pid {known.pid}) exited")
+            state.configured = False
+            self._failed(state, now)
+        elif known is not None and found is not None:
+            log.warning(
+                "MPS control daemon for %s was replaced (pid %d, now %d)", spec.label, known.pid, found.pid
+            )
+            state.configured = False
+        elif found is not None:
+            log.info("MPS control daemon for %s already running (pid %d); adopting it", spec.label, found.pid)
+        state.daemon = found
+        if found is not None:
+            self._keep_pid_file(state, found)  # adopted through the status file: the pid file again
+
+    def _find(self, spec: MpsDaemonSpec) -> DaemonProcess | None:
+        """The daemon its pid file names; else the one our status file named, if it still is one."""
+        pid = running_pid(spec.pipe_dir)
+        if pid is None:
+            pid = read_status(spec.status_path).pid
+            if pid is None or not is_control_daemon(pid, self._control_path, spec.pipe_dir):
+                return None
+        return live_process(pid)
+
+    def _keep_pid_file(self, state: _DaemonState, daemon: DaemonProcess) -> None:
+        spec = state.spec
+        if running_pid(spec.pipe_dir) == daemon.pid:
+            return
+        try:
+            restore_pid_file(spec.pipe_dir, daemon.pid)
+        except OSError as exc:
+            self._failures.report(
+                f"pid {spec.pipe_dir}",
+                f"MPS control daemon for {spec.label}: cannot restore its pid file: {exc.strerror or exc}",
+            )
+            return
+        self._failures.clear(f"pid {spec.pipe_dir}")
+        log.warning(
+            "MPS control daemon for %s: its pid file was removed or changed (by a client?); the daemon "
+            "(pid %d) still runs, and the file says so again",
+            spec.label,
+            daemon.pid,
+        )
+
+    def _configure(self, state: _DaemonState, now: float) -> bool:
+        """Send the client defaults; False (published, backing off) when the daemon refused one."""
+        spec = state.spec
+        for command in spec.setup_commands():
+            ok, output = self._send(spec, command)
+            if not ok:
+                log.warning("MPS control daemon for %s refused %r: %s", spec.label, command, output)
+                self._publish(state, False, f"control daemon refused {command!r}: {output}")
+                self._failed(state, now)
+                return False
+        state.configured = True
+        state.ready_since = now
+        log.info(
+            "MPS control daemon ready for %s (pid %s, %s, active threads %d%%)",
+            spec.label,
+            state.pid,
+            f"pinned memory {spec.pinned_memory_limit_mib} MiB"
+            if spec.pinned_memory_limit_mib
+            else "no pinned-memory limit: the GPU's memory is not known",
+            spec.active_thread_percentage,
+        )
+        return True
 
     def _publish(self, state: _DaemonState, ready: bool, reason: str) -> None:
         spec = state.spec
@@ -279,25 +291,40 @@ class MpsDaemonSupervisor(Worker):
         self._failures.clear(f"publish {spec.pipe_dir}")
         state.published = status
 
-    def _retire(self, state: _DaemonState) -> None:
-        """Quit a daemon that is no longer wanted, give its GPU back, and withdraw its status file."""
-        spec = state.spec
-        self._failures.clear(f"check {spec.pipe_dir}")
-        self._failures.clear(f"publish {spec.pipe_dir}")
-        Path(spec.status_path).unlink(missing_ok=True)  # first, so no client is sent to a daemon going away
-        pid = running_pid(spec.pipe_dir)
-        if pid is not None:
-            ok, output = self._send(spec, "quit")
-            if not ok:
-                log.warning("MPS control daemon for %s did not take 'quit': %s", spec.label, output)
-            elif self._wait_gone(pid):
-                log.info("MPS control daemon for %s stopped (pid %d): no longer shared", spec.label, pid)
+    def _retire(self, states: Sequence[_DaemonState]) -> None:
+        """Quit the daemons no longer wanted (all at once, bounded), give their GPUs back, and withdraw
+        their status files."""
+        targets: list[QuitTarget] = []
+        for state in states:
+            spec = state.spec
+            for key in ("check", "publish", "pid"):
+                self._failures.clear(f"{key} {spec.pipe_dir}")
+            Path(spec.status_path).unlink(missing_ok=True)  # first: no client is sent to a daemon going away
+            known = state.daemon if state.daemon is not None and state.daemon.still_running() else None
+            daemon = known or self._find(spec)
+            if daemon is not None:
+                targets.append(QuitTarget(spec, daemon.pid))
+        results = self._quit(targets)
+        for target in targets:
+            problem = results[target.spec.pipe_dir]
+            if problem:
+                log.warning("MPS control daemon for %s (pid %d) %s", target.spec.label, target.pid, problem)
             else:
-                log.warning("MPS control daemon for %s (pid %d) still running after 'quit'", spec.label, pid)
-        try:
-            self._release(spec)
-        except DevicePluginError as exc:
-            log.error("%s: %s", spec.label, exc)
+                log.info(
+                    "MPS control daemon for %s stopped (pid %d): no longer shared",
+                    target.spec.label,
+                    target.pid,
+                )
+        for state in states:
+            try:
+                self._release(state.spec)
+            except DevicePluginError as exc:
+                log.error("%s: %s", state.spec.label, exc)
+
+    def _quit(self, targets: Sequence[QuitTarget]) -> dict[str, str]:
+        if not targets:
+            return {}
+        return quit_daemons(targets, self._control_path, self._base_env, self._quit_timeout_s, self.stopping)
 
     def _failed(self, state: _DaemonState, now: float) -> None:
         state.failures += 1
@@ -305,8 +332,8 @@ class MpsDaemonSupervisor(Worker):
         state.next_attempt = now + delay
         log.info("MPS control daemon for %s: next attempt in %.1fs", state.spec.label, delay)
 
-    def _launch(self, spec: MpsDaemonSpec) -> tuple[int | None, str]:
-        """Start the daemon: its pid once its pid file names a live process, else None and why not."""
+    def _launch(self, spec: MpsDaemonSpec) -> tuple[DaemonProcess | None, str]:
+        """Start the daemon: its process once its pid file names a live one, else None and why not."""
         try:
             for directory in (spec.pipe_dir, spec.log_dir):
                 os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -322,13 +349,14 @@ class MpsDaemonSupervisor(Worker):
         deadline = time.monotonic() + self._start_timeout_s
         while True:
             pid = running_pid(spec.pipe_dir)
-            if pid is not None:
-                return pid, ""
+            daemon = live_process(pid) if pid is not None else None
+            if daemon is not None:
+                return daemon, ""
             if self.stopping.wait(0.02):
                 return None, "supervisor stopping"  # a successor adopts it if it came up
             if time.monotonic() >= deadline:
                 break
-        pid_file = posixpath.join(spec.pipe_dir, PID_FILE)
+        pid_file = os.path.join(spec.pipe_dir, PID_FILE)
         problem = f"wrote no live pid to {pid_file} within {self._start_timeout_s:.0f}s"
         log.error("MPS control daemon for %s %s", spec.label, problem)
         return None, problem
@@ -337,60 +365,20 @@ class MpsDaemonSupervisor(Worker):
         return self._execute(spec, [], stdin=command + "\n")
 
     def _execute(self, spec: MpsDaemonSpec, args: list[str], stdin: str | None) -> tuple[bool, str]:
-        # Output goes to a file, not a pipe: a daemonising child that keeps the pipe open would make
-        # us wait for EOF until it exits.
+        """Run the control binary (bounded by command_timeout_s, ended by stop()); (ok, its output)."""
         env = {**self._base_env, **spec.env()}
-        with tempfile.TemporaryFile() as out:
-            try:
-                proc = subprocess.run(
-                    [self._control_path, *args],
-                    input=None if stdin is None else stdin.encode(),
-                    stdin=subprocess.DEVNULL if stdin is None else None,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    timeout=self._command_timeout_s,
-                    check=False,
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                return False, str(exc)
-            out.seek(0)
-            output = out.read().decode(errors="replace").strip()
-        if proc.returncode != 0:
-            return False, f"exit status {proc.returncode}: {output}"
-        return True, output
-
-    def _wait_gone(self, pid: int) -> bool:
-        deadline = time.monotonic() + self._command_timeout_s
-        while _pid_alive(pid):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
-
-
-def running_pid(pipe_dir: str) -> int | None:
-    """The pid in the daemon's pid file, if that process is alive."""
-    try:
-        pid = int(Path(pipe_dir, PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _pid_alive(pid) else None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # OverflowError: beyond pid_t, so no such process
-        return False
-    except PermissionError:
-        return True
-    # A killed daemon whose parent has not reaped it yet still answers kill(0): look at its state.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    fields = stat.rpartition(")")[2].split()
-    return not fields or fields[0] not in ("Z", "X")
+        try:
+            outcome = children.run(
+                [self._control_path, *args],
+                env,
+                timeout_s=self._command_timeout_s,
+                stdin=None if stdin is None else stdin.encode(),
+                stop=self.stopping,
+            )
+        except OSError as exc:
+            return False, str(exc)
+        if outcome.why_killed:
+            return False, f"{self._control_path} {outcome.why_killed}: {outcome.output}"
+        if outcome.returncode != 0:
+            return False, f"exit status {outcome.returncode}: {outcome.output}"
+        return True, outcome.output

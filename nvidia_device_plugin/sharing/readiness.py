@@ -27,12 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.boundedio import read_text
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "status.json"
+# A status is a few hundred bytes; its reason is cut to MAX_REASON_CHARS when it is written.
+MAX_STATUS_BYTES = 64 * 1024
+MAX_REASON_CHARS = 2048
 DEFAULT_POLL_INTERVAL_S = 1.0
 _POLL = "poll"  # the readiness watcher's one failure key: its last poll
 
@@ -51,13 +55,20 @@ class GpuMpsStatus:
         return json.dumps(
             {
                 "ready": self.ready,
-                "reason": self.reason,
+                "reason": cut_reason(self.reason),
                 "pid": self.pid,
                 "pinnedMemoryLimitMiB": self.pinned_memory_limit_mib,
                 "activeThreadPercentage": self.active_thread_percentage,
             },
             sort_keys=True,
         )
+
+
+def cut_reason(reason: str) -> str:
+    """`reason`, cut to MAX_REASON_CHARS (a failing control binary may print megabytes), saying so."""
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return f"{reason[:MAX_REASON_CHARS]}... ({len(reason) - MAX_REASON_CHARS} more characters not shown)"
 
 
 def status_path(mps_root: str, resource_name: str, gpu_uuid: str) -> str:
@@ -72,13 +83,19 @@ def write_status(path: str, status: GpuMpsStatus) -> None:
 
 
 def read_status(path: str) -> GpuMpsStatus:
-    """The status in `path`; a missing or broken file reads as not ready, with the reason why."""
+    """The status in `path`; a missing or broken file reads as not ready, with the reason why.
+
+    Read bounded (boundedio): the MPS root is on the node, so a FIFO, a device, a symlink out of the
+    GPU's directory or a huge file may stand in its place; each reads as not ready, saying what it is.
+    """
     try:
-        text = Path(path).read_text()
+        text = read_text(path, MAX_STATUS_BYTES)
     except FileNotFoundError:
         return GpuMpsStatus(False, f"no MPS control daemon status at {path} (is mps-control-daemon running?)")
     except OSError as exc:
         return GpuMpsStatus(False, f"cannot read {path}: {exc.strerror or exc}")
+    except ValueError:
+        return GpuMpsStatus(False, f"{path} is not UTF-8 text")
     try:
         document = json.loads(text)
     except ValueError as exc:

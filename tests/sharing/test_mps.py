@@ -123,6 +123,16 @@ def test_one_daemon_per_shared_gpu_with_its_own_limits() -> None:
     )
 
 
+def test_a_gpu_whose_memory_is_unknown_gets_no_pinned_memory_limit() -> None:
+    # As NVIDIA skips zero-memory devices: "0=0M" would leave the clients no device memory at all.
+    envs = mps.client_envs("nvidia.com/gpu", 0, 4)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in envs
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    plan = ResourcePlan("nvidia.com/gpu", tuple(_replica(GPU0, 0, r, memory=0) for r in range(4)), "mps", 4)
+    (spec,) = daemon_specs(plan, "/var/mps")
+    assert spec.setup_commands() == ("set_default_active_thread_percentage 25",)
+
+
 def test_plans_not_shared_with_mps_get_no_daemons() -> None:
     time_sliced = ResourcePlan("nvidia.com/gpu", _mps_plan().devices, sharing="time-slicing", replicas=4)
     assert daemon_specs(time_sliced, "/var/mps") == ()

@@ -1,8 +1,15 @@
 """A stand-in for nvidia-cuda-mps-control, shared by the MPS test files.
 
-`-d` records its argv and environment, starts a long sleep as "the daemon" and writes its pid file;
-without arguments it records the command read from stdin and carries out `quit`. While the file
-`<dir>/refuse-start` exists, `-d` fails, as a broken installation would.
+`-d` records its argv, environment and signal state, starts a long sleep as "the daemon" (named like the
+control binary, as the real daemon's command line is) and writes its pid file; like the real one, it
+refuses to start a second daemon for a pipe directory whose daemon still runs, whether or not the pid
+file is still there (the fake keeps its daemon's pid outside the pipe directory, where tenants cannot
+reach it). Without arguments it records the command read from stdin and carries out `quit`.
+Files in `<dir>` change what it does, as a broken installation or driver would:
+
+    refuse-start   `-d` fails
+    big-output     `-d` fails after printing 2 MiB
+    hang-quit      `quit` hangs (until killed)
 """
 
 from __future__ import annotations
@@ -15,22 +22,41 @@ from pathlib import Path
 FAKE_CONTROL = """#!/bin/bash
 set -u
 pipe="$CUDA_MPS_PIPE_DIRECTORY"
+instance="$pipe/../fake-instance"
+alive() {
+  [ -n "$1" ] && [ -e "/proc/$1" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
 if [ "${1:-}" = "-d" ]; then
+  grep -E '^Sig(Blk|Ign):' /proc/$$/status > "$pipe/../fake-signals"
   if [ -e "__DIR__/refuse-start" ]; then
     echo "refusing to start (test)" >&2
     exit 1
   fi
+  if [ -e "__DIR__/big-output" ]; then
+    echo "failing loudly (test)"
+    head -c 2097152 /dev/zero | tr '\\0' x
+    exit 1
+  fi
+  if [ -e "$instance" ] && alive "$(cat "$instance")"; then
+    echo "An instance of this daemon is already running" >&2
+    exit 1
+  fi
   env > "$pipe/daemon.env"
   echo "$*" >> "$pipe/launches"
-  sleep 600 </dev/null >/dev/null 2>&1 &
+  (exec -a "$0" sleep 600) </dev/null >/dev/null 2>&1 &
   echo $! >> "$pipe/started-pids"
+  echo $! > "$instance"
   echo $! > "$pipe/nvidia-cuda-mps-control.pid"
   exit 0
 fi
 read -r command
 echo "$command" >> "$pipe/commands"
 if [ "$command" = "quit" ]; then
-  kill "$(cat "$pipe/nvidia-cuda-mps-control.pid")"
+  if [ -e "__DIR__/hang-quit" ]; then
+    echo $$ >> "$pipe/started-pids"
+    exec sleep 600
+  fi
+  kill "$(cat "$instance")"
 fi
 """
 

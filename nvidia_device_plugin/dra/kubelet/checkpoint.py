@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.boundedio import read_bytes
 from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError, PreparedDevice
 
 log = logging.getLogger(__name__)
@@ -51,29 +51,10 @@ class Entry:
     devices: tuple[PreparedDevice, ...] = ()
 
 
-def read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file `path`, at most `limit`; OSError or DraError naming it otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DraError(f"{path} is not a regular file")
-        chunks: list[bytes] = []
-        remaining = limit + 1  # one byte over the limit tells "too big" from "exactly the limit"
-        while remaining > 0 and (chunk := os.read(fd, min(remaining, 65536))):
-            chunks.append(chunk)
-            remaining -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:
-        raise DraError(f"{path} is larger than {limit // 1024} KiB")
-    return data
-
-
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
     """This boot's ID; DraError when it cannot be read (then reboots could not be told apart)."""
     try:
-        text = read_bounded(path, _MAX_BOOT_ID_BYTES).decode("ascii").strip()
+        text = read_bytes(path, _MAX_BOOT_ID_BYTES).decode("ascii").strip()
     except (OSError, UnicodeDecodeError, DraError) as exc:
         raise DraError(f"cannot read the boot ID from {path}: {exc}") from None
     if not text:
@@ -93,7 +74,7 @@ class Checkpoint:
     def load(cls, path: Path, boot_id: str) -> tuple[Checkpoint, tuple[Entry, ...]]:
         """The checkpoint at `path` for boot `boot_id`, and the entries dropped (a file of another boot)."""
         try:
-            document = json.loads(read_bounded(path, MAX_CHECKPOINT_BYTES))
+            document = json.loads(read_bytes(path, MAX_CHECKPOINT_BYTES))
             written_by, entries = _decode(document)
         except FileNotFoundError:
             return cls(path, boot_id), ()

@@ -6,6 +6,10 @@ One object per line:
     {"gpu": "MIG-...", "xid": 94}          XID attributed to that MIG device
     {"gpu": 1, "ecc": "double-bit"}        double-bit ECC error
     {"gpu": 3, "lost": true}               GPU 3 falls off the bus; {"lost": false} brings it back
+    {"gpu": 2, "hang": "nvmlDeviceGetMemoryInfo", "seconds": 30}
+                                           that call on GPU 2 blocks for 30 s (no "seconds": until
+                                           released); "gpu": "any" hangs it on every device
+    {"gpu": 2, "release": "nvmlDeviceGetMemoryInfo"}   ends that hang
 
 The file is read from its beginning (it is the scenario) and then followed: it may appear after start,
 lines may be appended at any time, a last line without its newline waits for it, and a truncated or
@@ -27,6 +31,7 @@ from typing import Any, BinaryIO, Protocol
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
+from nvidia_device_plugin.boundedio import open_regular
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories
 from nvidia_device_plugin.workers import Worker
 
@@ -35,6 +40,7 @@ log = logging.getLogger(__name__)
 _MAX_LINE_BYTES = 64 * 1024  # longer lines are malformed; this bounds the partial-line buffer
 _READ_BYTES = 1024 * 1024
 _SHOWN_CHARS = 120  # of a malformed line, in its log line
+_KINDS = ("xid", "ecc", "lost", "hang", "release")
 
 
 class EventSink(Protocol):
@@ -43,19 +49,31 @@ class EventSink(Protocol):
     def inject_xid(self, target: int | str, xid: int) -> None: ...
     def inject_ecc_double_bit(self, target: int | str) -> None: ...
     def set_lost(self, target: int | str, lost: bool) -> None: ...
+    def hang(
+        self, function_name: str, target: int | str | None = None, seconds: float | None = None
+    ) -> None: ...
+    def release(self, function_name: str | None = None, target: int | str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
 class SimEvent:
     """One parsed line."""
 
-    target: int | str
-    kind: str  # "xid", "ecc", "lost"
+    target: int | str | None  # None: "any" (hang and release only)
+    kind: str  # "xid", "ecc", "lost", "hang", "release"
     xid: int | None = None
     lost: bool | None = None
+    call: str = ""  # for hang and release
+    seconds: float | None = None  # for hang; None: until released
 
     def apply(self, sink: EventSink) -> None:
-        if self.kind == "xid" and self.xid is not None:
+        if self.kind == "hang":
+            sink.hang(self.call, self.target, self.seconds)
+        elif self.kind == "release":
+            sink.release(self.call, self.target)
+        elif self.target is None:
+            raise ValueError(f'"gpu": "any" applies to hang and release only, not {self.kind}')
+        elif self.kind == "xid" and self.xid is not None:
             sink.inject_xid(self.target, self.xid)
         elif self.kind == "ecc":
             sink.inject_ecc_double_bit(self.target)
@@ -80,13 +98,17 @@ def parse_event(line: str) -> SimEvent:
         raise MalformedEvent(f'"gpu" must be a GPU index, GPU UUID or MIG UUID, got {target!r}')
     if isinstance(target, int) and target < 0:
         raise MalformedEvent(f'"gpu" must be >= 0, got {target}')
-    kinds = [k for k in ("xid", "ecc", "lost") if k in doc]
-    unknown = sorted(set(doc) - {"gpu", "xid", "ecc", "lost"})
+    kinds = [k for k in _KINDS if k in doc]
+    unknown = sorted(set(doc) - {"gpu", "seconds", *_KINDS})
     if unknown:
-        raise MalformedEvent(f'unknown field "{unknown[0]}" (known: gpu, xid, ecc, lost)')
+        raise MalformedEvent(f'unknown field "{unknown[0]}" (known: gpu, {", ".join(_KINDS)}, seconds)')
     if len(kinds) != 1:
-        raise MalformedEvent(f'needs exactly one of "xid", "ecc", "lost", got {kinds or "none"}')
+        raise MalformedEvent(f"needs exactly one of {', '.join(map(repr, _KINDS))}, got {kinds or 'none'}")
     kind = kinds[0]
+    if kind in ("hang", "release"):
+        return _parse_hang(doc, kind, None if target == "any" else target)
+    if "seconds" in doc:
+        raise MalformedEvent('"seconds" goes with "hang" only')
     value = doc[kind]
     if kind == "xid":
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -99,6 +121,22 @@ def parse_event(line: str) -> SimEvent:
     if not isinstance(value, bool):
         raise MalformedEvent(f'"lost" must be true or false, got {value!r}')
     return SimEvent(target=target, kind="lost", lost=value)
+
+
+def _parse_hang(doc: dict[str, Any], kind: str, target: int | str | None) -> SimEvent:
+    call = doc[kind]
+    if not isinstance(call, str) or not call.startswith("nvml"):
+        raise MalformedEvent(
+            f'"{kind}" must name a pynvml call such as "nvmlDeviceGetMemoryInfo", got {call!r}'
+        )
+    seconds = doc.get("seconds")
+    if kind == "release" and seconds is not None:
+        raise MalformedEvent('"seconds" goes with "hang" only')
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0
+    ):
+        raise MalformedEvent(f'"seconds" must be a positive number, got {seconds!r}')
+    return SimEvent(target=target, kind=kind, call=call, seconds=None if seconds is None else float(seconds))
 
 
 class _Wake(FileSystemEventHandler):
@@ -191,7 +229,9 @@ class SimulatedEventFeeder(Worker):
             log.info("simulated events: %s was truncated or replaced; reading it from the start", self._path)
             self._close()
         if self._file is None:
-            self._file = open(self._path, "rb")  # noqa: SIM115 - held open across polls, closed in _close
+            # A regular file only, opened without blocking (a FIFO would hang this thread); held open
+            # across polls, closed in _close.
+            self._file = os.fdopen(open_regular(self._path, symlinks="any"), "rb")
             opened = os.fstat(self._file.fileno())
             self._identity = (opened.st_dev, opened.st_ino)
         file = self._file

@@ -11,11 +11,13 @@ from typing import Any
 
 import yaml
 
+from nvidia_device_plugin.boundedio import read_text
 from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
 from nvidia_device_plugin.nvml.sim.placement import check_layout
 
 _PRESET_PACKAGE = "nvidia_device_plugin.nvml.sim.presets"
+_MAX_NODE_FILE_BYTES = 4 * 1024 * 1024
 _UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
 _PROFILE = re.compile(
     r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb"
@@ -53,6 +55,7 @@ _NODE_KEYS = {
     "nvlinks",
     "unprivileged_container",
     "fabric",
+    "hangs",
 }
 _GPU_KEYS = {
     "name",
@@ -117,6 +120,17 @@ class GpuSpec:
 
 
 @dataclass(frozen=True)
+class HangSpec:
+    """A pynvml call that blocks from the start, as in a GPU reset:
+    `hangs: [{call: nvmlDeviceGetMemoryInfo, gpu: 2, seconds: 30}]` (gpu left out: every call of that
+    name; seconds left out: until released)."""
+
+    call: str
+    gpu: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     name: str
     driver_version: str
@@ -126,6 +140,7 @@ class NodeSpec:
     nvlinks: tuple[tuple[int, int, int], ...]  # direct GPU-GPU links: (a, b, lanes)
     # A container without CAP_SYS_ADMIN: MIG enumeration and MIG-attributed events answer NO_PERMISSION.
     unprivileged_container: bool = False
+    hangs: tuple[HangSpec, ...] = ()  # calls that block from the simulator's start (SimulatorState.hang)
 
 
 def preset_names() -> list[str]:
@@ -144,9 +159,11 @@ def load_node(name_or_path: str) -> NodeSpec:
             f"simulated node '{name_or_path}' is neither a preset ({', '.join(preset_names())}) nor a file"
         )
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(read_text(path, _MAX_NODE_FILE_BYTES, symlinks="any"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the simulated node file {path}: {exc}") from exc
     return parse_node(doc, source=str(path))
 
 
@@ -185,7 +202,31 @@ def parse_node(doc: Any, source: str) -> NodeSpec:
         nvswitch_links=_int(doc.get("nvswitch_links", 0), source, "nvswitch_links"),
         nvlinks=tuple(nvlinks),
         unprivileged_container=bool(doc.get("unprivileged_container", False)),
+        hangs=_parse_hangs(doc.get("hangs") or [], len(gpus), source),
     )
+
+
+def _parse_hangs(doc: Any, gpu_count: int, source: str) -> tuple[HangSpec, ...]:
+    if not isinstance(doc, list):
+        raise ConfigError(f"{source}: hangs must be a list of {{call, gpu, seconds}}, got {doc!r}")
+    hangs = []
+    for i, item in enumerate(doc):
+        where = f"{source}: hangs[{i}]"
+        if not isinstance(item, dict) or not str(item.get("call", "")).startswith("nvml"):
+            raise ConfigError(f"{where} must name a pynvml call, e.g. {{call: nvmlDeviceGetMemoryInfo}}")
+        _reject_unknown(item, {"call", "gpu", "seconds"}, source, f"hangs[{i}].")
+        gpu, seconds = item.get("gpu"), item.get("seconds")
+        if gpu is not None and not (
+            isinstance(gpu, int) and not isinstance(gpu, bool) and 0 <= gpu < gpu_count
+        ):
+            raise ConfigError(f"{where}.gpu must be the index of one of the {gpu_count} GPUs, got {gpu!r}")
+        ok = seconds is None or (
+            isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0
+        )
+        if not ok:
+            raise ConfigError(f"{where}.seconds must be a positive number, got {seconds!r}")
+        hangs.append(HangSpec(str(item["call"]), gpu, None if seconds is None else float(seconds)))
+    return tuple(hangs)
 
 
 def _parse_gpu(node: str, index: int, doc: Any, source: str, node_fabric: FabricSpec | None) -> GpuSpec:

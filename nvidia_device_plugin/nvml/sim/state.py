@@ -1,4 +1,10 @@
-"""The state and controls of a simulated node's NVML (not pynvml): injected events, lost GPUs, failures.
+"""The state and controls of a simulated node's NVML (not pynvml): injected events, lost GPUs, failures,
+and hung calls.
+
+A hung call blocks as a real driver's does during a GPU reset: `hang(name, gpu, seconds)` makes every call
+of `name` on that GPU (or, with gpu None, every call of `name`) block until `seconds` have passed since
+the hang was set, or, without seconds, until `release`. Node files set hangs from the simulator's start
+(`hangs:` in nvml/sim/node.py), the events feed at run time (nvml/sim/events.py). close() releases them.
 
 SimulatedNvml (nvml/sim/simulator.py) is this plus the pynvml functions, which live by job in devices.py,
 mig.py, topology.py and event_sets.py; each marks its functions with `pynvml_function`.
@@ -10,6 +16,7 @@ import ctypes
 import functools
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +57,18 @@ def _address(handle: object) -> int:
 
 
 @dataclass
+class _Hang:
+    """One hung call: blocks its callers until `until` (monotonic; None: until released)."""
+
+    until: float | None
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def block(self) -> None:
+        timeout = None if self.until is None else max(self.until - time.monotonic(), 0.0)
+        self.released.wait(timeout)
+
+
+@dataclass
 class _EventSet:
     address: int
     masks: dict[int, int] = field(default_factory=dict)  # GPU index -> registered event types
@@ -79,6 +98,9 @@ class SimulatorState:
         self._next_event_set = _EVENT_SET_BASE
         self._host_dir: tempfile.TemporaryDirectory[str] | None = None
         self._host: HostPaths | None = None
+        self._hangs: dict[tuple[str, int | None], _Hang] = {}  # (function, GPU index or None: any)
+        for spec in node.hangs:
+            self.hang(spec.call, spec.gpu, spec.seconds)
 
     # ---- simulation controls (not pynvml) ---------------------------------------------------------
 
@@ -97,8 +119,7 @@ class SimulatorState:
                 self._lost.discard(gpu.index)
 
     def fail_next(self, function_name: str, code: int, count: int = 1) -> None:
-        if not getattr(getattr(type(self), function_name, None), "pynvml_api", False):
-            raise ValueError(f"{function_name} is not a simulated pynvml function")
+        self._check_function(function_name)
         with self._lock:
             self._failures.setdefault(function_name, deque()).extend([code] * count)
 
@@ -107,10 +128,30 @@ class SimulatorState:
 
         A call is "on GPU n" when its first argument is a handle of GPU n or of a MIG device on it.
         """
-        if not getattr(getattr(type(self), function_name, None), "pynvml_api", False):
-            raise ValueError(f"{function_name} is not a simulated pynvml function")
+        self._check_function(function_name)
         with self._lock:
             self._persistent[(function_name, gpu)] = code
+
+    def hang(self, function_name: str, target: int | str | None = None, seconds: float | None = None) -> None:
+        """Calls of `function_name` on GPU `target` (any device and system calls: None) block for
+        `seconds` from now, or until `release`."""
+        self._check_function(function_name)
+        gpu = None if target is None else self._resolve_target(target)[0].index
+        with self._lock:
+            old = self._hangs.get((function_name, gpu))
+            until = None if seconds is None else time.monotonic() + seconds
+            self._hangs[(function_name, gpu)] = _Hang(until)
+        if old is not None:
+            old.released.set()
+
+    def release(self, function_name: str | None = None, target: int | str | None = None) -> None:
+        """End the hangs of `function_name` on `target` (every hang: no arguments); blocked calls return."""
+        gpu = None if target is None else self._resolve_target(target)[0].index
+        with self._lock:
+            keys = [k for k in self._hangs if function_name is None or k == (function_name, gpu)]
+            hangs = [self._hangs.pop(k) for k in keys]
+        for hang in hangs:
+            hang.released.set()
 
     def clear_failures(self) -> None:
         with self._lock:
@@ -155,6 +196,7 @@ class SimulatorState:
             return self._host
 
     def close(self) -> None:
+        self.release()
         with self._lock:
             if self._host_dir is not None:
                 self._host_dir.cleanup()
@@ -163,6 +205,31 @@ class SimulatorState:
 
     # ---- internals ----------------------------------------------------------------------------
 
+    def _check_function(self, function_name: str) -> None:
+        if not getattr(getattr(type(self), function_name, None), "pynvml_api", False):
+            raise ValueError(f"{function_name} is not a simulated pynvml function")
+
+    def _call_gpu(self, name: str, first_arg: object) -> int | None:
+        """The GPU index a call is on: its handle's (a GPU's or a MIG device's), its index, its UUID."""
+        if isinstance(first_arg, pynvml.c_nvmlDevice_t):
+            return (ctypes.cast(first_arg, ctypes.c_void_p).value or 0) // _GPU_STRIDE - 1
+        if name == "nvmlDeviceGetHandleByIndex" and isinstance(first_arg, int):
+            return first_arg
+        if name == "nvmlDeviceGetHandleByUUID" and isinstance(first_arg, str | bytes):
+            text = first_arg.decode() if isinstance(first_arg, bytes) else first_arg
+            for gpu in self.node.gpus:
+                if text == gpu.uuid or any(text == m.uuid for m in gpu.mig):
+                    return gpu.index
+        return None
+
+    def _hang_of(self, name: str, first_arg: object) -> _Hang | None:
+        if not self._hangs:
+            return None
+        hang = self._hangs.get((name, None)) or self._hangs.get((name, self._call_gpu(name, first_arg)))
+        if hang is not None and hang.until is not None and hang.until <= time.monotonic():
+            return None
+        return hang
+
     def _maybe_fail(self, name: str, first_arg: object) -> None:
         pending = self._failures.get(name)
         if pending:
@@ -170,11 +237,8 @@ class SimulatorState:
         if not self._persistent:
             return
         code = self._persistent.get((name, None))
-        if code is None and name == "nvmlDeviceGetHandleByIndex" and isinstance(first_arg, int):
-            code = self._persistent.get((name, first_arg))
-        if code is None and isinstance(first_arg, pynvml.c_nvmlDevice_t):
-            address = ctypes.cast(first_arg, ctypes.c_void_p).value or 0
-            code = self._persistent.get((name, address // _GPU_STRIDE - 1))
+        if code is None:
+            code = self._persistent.get((name, self._call_gpu(name, first_arg)))
         if code is not None:
             raise _nvml_error(code)
 
@@ -264,13 +328,19 @@ class SimulatorState:
 
 
 def pynvml_function(fn: F) -> F:
-    """Marks a pynvml function of the simulator: applies injected failures and checks init under the
-    lock, then calls it outside the lock."""
+    """Marks a pynvml function of the simulator: blocks while the call is hung (outside the lock, as
+    other calls go on), applies injected failures and checks init under the lock, then calls it outside
+    the lock."""
 
     @functools.wraps(fn)
     def wrapper(self: SimulatorState, *args: Any, **kwargs: Any) -> Any:
+        first = args[0] if args else None
         with self._lock:
-            self._maybe_fail(fn.__name__, args[0] if args else None)
+            hang = self._hang_of(fn.__name__, first)
+        if hang is not None:
+            hang.block()
+        with self._lock:
+            self._maybe_fail(fn.__name__, first)
             if fn.__name__ != "nvmlInit" and self._init_count == 0:
                 raise _nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
         return fn(self, *args, **kwargs)
