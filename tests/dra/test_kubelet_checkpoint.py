@@ -118,7 +118,7 @@ def test_a_fifo_in_place_of_the_checkpoint_is_never_read(
     os.mkfifo(dra.checkpoint)
     plugin = dra.plugin()  # would block forever in a plain read
     assert plugin.prepared() == {}
-    assert f"{dra.checkpoint} is not a regular file" in caplog.text
+    assert f"{dra.checkpoint}: is a named pipe (FIFO), not a regular file" in caplog.text
 
 
 def test_a_checkpoint_over_the_limit_is_refused(
@@ -128,7 +128,7 @@ def test_a_checkpoint_over_the_limit_is_refused(
     dra.checkpoint.parent.mkdir(parents=True)
     dra.checkpoint.write_text(" " * 1025)
     dra.plugin()
-    assert f"{dra.checkpoint} is larger than 1 KiB" in caplog.text
+    assert f"{dra.checkpoint}: is larger than 1 KiB" in caplog.text
 
 
 def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_says_where(dra: DraNode) -> None:
