@@ -23,6 +23,7 @@ from render_manifests import CHART, MANIFESTS, differences, preset_names, preset
 
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.cli.gfd import build_parser as gfd_build_parser
+from nvidia_device_plugin.cli.gfd_settings import resolve_gfd_settings, with_gfd_env_aliases
 from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.config.selection import parse_fallback_strategies, select_config
@@ -293,9 +294,15 @@ def test_gfd_runs_this_images_gpu_feature_discovery() -> None:
     assert {k: v for k, v in _env(gfd).items() if k.startswith("GFD_")} == {
         "GFD_NO_TIMESTAMP": "true",
         "GFD_SLEEP_INTERVAL": "30s",
+        "GFD_USE_NODE_FEATURE_API": "true",  # GFD v0.20's default output; test_chart_gfd.py has both ways
     }
-    parsed = gfd_build_parser(_env(gfd)).parse_args(gfd["args"])
-    assert parsed.output_file.startswith("/etc/kubernetes/node-feature-discovery/features.d/")
+    env = with_gfd_env_aliases(_env(gfd))
+    settings = resolve_gfd_settings(gfd_build_parser(env).parse_args(gfd["args"]), env)
+    assert (settings.no_timestamp, settings.sleep_interval, settings.use_node_feature_api) == (
+        True,
+        30.0,
+        True,
+    )
     selector = _of(release, "DaemonSet")[name]["spec"]["selector"]["matchLabels"]
     plugin_pods = _of(release, "DaemonSet")["nvidia-device-plugin"]["spec"]["template"]["metadata"]["labels"]
     assert not selector.items() <= plugin_pods.items(), "the GFD selector must not match the plugin's pods"
