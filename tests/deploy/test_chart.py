@@ -325,6 +325,16 @@ def test_cdi_values_mount_the_spec_directory_and_the_driver_root() -> None:
     assert _pod(release)["runtimeClassName"] == "nvidia"
 
 
+def test_the_gpu_operators_hook_path_reaches_the_plugins_cdi_settings(tmp_path: Path) -> None:
+    """GPU Operator nodes have the hook at /usr/local/nvidia/toolkit/nvidia-ctk (docs/operations.md)."""
+    hook = "/usr/local/nvidia/toolkit/nvidia-ctk"
+    values = _values("nvidia/example-cdi.yaml")
+    release = _install({**values, "cdi": {**values["cdi"], "nvidiaHookPath": hook}})
+    assert _env(_container(release))["NVIDIA_CDI_HOOK_PATH"] == hook
+    assert _resolved(release, tmp_path).flags.plugin.nvidia_ctk_path == hook
+    assert hook in (ROOT / "docs" / "operations.md").read_text()
+
+
 def test_name_overrides_and_pod_settings_are_nvidias() -> None:
     values = {
         **_values("nvidia/values.yaml"),
