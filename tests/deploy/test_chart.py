@@ -23,6 +23,7 @@ from render_manifests import CHART, MANIFESTS, differences, preset_names, preset
 
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.cli.gfd import build_parser as gfd_build_parser
+from nvidia_device_plugin.cli.gfd_settings import resolve_gfd_settings, with_gfd_env_aliases
 from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.config.selection import parse_fallback_strategies, select_config
@@ -293,9 +294,15 @@ def test_gfd_runs_this_images_gpu_feature_discovery() -> None:
     assert {k: v for k, v in _env(gfd).items() if k.startswith("GFD_")} == {
         "GFD_NO_TIMESTAMP": "true",
         "GFD_SLEEP_INTERVAL": "30s",
+        "GFD_USE_NODE_FEATURE_API": "true",  # GFD v0.20's default output; test_chart_gfd.py has both ways
     }
-    parsed = gfd_build_parser(_env(gfd)).parse_args(gfd["args"])
-    assert parsed.output_file.startswith("/etc/kubernetes/node-feature-discovery/features.d/")
+    env = with_gfd_env_aliases(_env(gfd))
+    settings = resolve_gfd_settings(gfd_build_parser(env).parse_args(gfd["args"]), env)
+    assert (settings.no_timestamp, settings.sleep_interval, settings.use_node_feature_api) == (
+        True,
+        30.0,
+        True,
+    )
     selector = _of(release, "DaemonSet")[name]["spec"]["selector"]["matchLabels"]
     plugin_pods = _of(release, "DaemonSet")["nvidia-device-plugin"]["spec"]["template"]["metadata"]["labels"]
     assert not selector.items() <= plugin_pods.items(), "the GFD selector must not match the plugin's pods"
@@ -316,6 +323,16 @@ def test_cdi_values_mount_the_spec_directory_and_the_driver_root() -> None:
     assert not mounts["/var/run/cdi"].get("readOnly", False)
     assert volumes[mounts["/driver-root"]["name"]]["hostPath"]["path"] == "/run/nvidia/driver"
     assert _pod(release)["runtimeClassName"] == "nvidia"
+
+
+def test_the_gpu_operators_hook_path_reaches_the_plugins_cdi_settings(tmp_path: Path) -> None:
+    """GPU Operator nodes have the hook at /usr/local/nvidia/toolkit/nvidia-ctk (docs/operations.md)."""
+    hook = "/usr/local/nvidia/toolkit/nvidia-ctk"
+    values = _values("nvidia/example-cdi.yaml")
+    release = _install({**values, "cdi": {**values["cdi"], "nvidiaHookPath": hook}})
+    assert _env(_container(release))["NVIDIA_CDI_HOOK_PATH"] == hook
+    assert _resolved(release, tmp_path).flags.plugin.nvidia_ctk_path == hook
+    assert hook in (ROOT / "docs" / "operations.md").read_text()
 
 
 def test_name_overrides_and_pod_settings_are_nvidias() -> None:

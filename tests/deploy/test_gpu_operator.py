@@ -36,8 +36,11 @@ from gpu_operator import (
 )
 
 from nvidia_device_plugin import __version__
+from nvidia_device_plugin.cli.main import build_parser
+from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.configmanager.settings import parse_settings
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.sharing.readiness import status_path
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.waiting import wait_for
@@ -242,3 +245,24 @@ def test_the_operators_pod_serves_and_follows_the_node_label(
     assert "IS_HOST_DRIVER=true" in output, "the entrypoint prints the driver-ready file it sources"
     # The sidecar's SIGHUP (SEND_SIGNAL=true, PROCESS_TO_SIGNAL=nvidia-device-plugin) found this pod's plugin.
     assert "sent signal 1 to nvidia-device-plugin" in output, output
+
+
+# ---- MPS through the Operator: unsupported, and why (docs/operations.md) ----------------------------------
+
+
+def test_the_operators_plugin_pod_does_not_mount_the_mps_root_where_this_plugin_reads_readiness() -> None:
+    """The plugin reads each MPS daemon's readiness under MPS_ROOT in its own container; the Operator sets
+    MPS_ROOT to the host path but mounts that host directory at /mps. Should the Operator ever mount it at
+    the host path, this fails: MPS through the Operator may then become possible."""
+    plugin = container(transform(_policy()), PLUGIN)
+    # MPS_ROOT beats any config file's flags.mpsRoot (env > file), so the file is left out here.
+    env = {k: v for k, v in env_of(plugin, NODE).items() if k != "CONFIG_FILE"}
+    config = resolve_config(build_parser(env).parse_args(["run"]), env)
+    readiness = status_path(config.flags.mps_root, "nvidia.com/gpu", "GPU-0")
+    volumes = {v["name"]: v for v in transform(_policy())["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in plugin["volumeMounts"]}
+    assert config.flags.mps_root == "/run/nvidia/mps"
+    assert volumes[mounts["/mps"]]["hostPath"]["path"] == config.flags.mps_root
+    covering = [path for path in mounts if readiness.startswith(path.rstrip("/") + "/")]
+    assert covering == [], f"{readiness} is under the mounts {covering}"
+    assert "MPS through the Operator is not supported" in DOCS.read_text()

@@ -30,7 +30,7 @@ CONFIGS = ROOT / "configs"
 # The newest schemas the pinned kubernetes-validate ships, so a bump of the package moves the tests with it.
 KUBERNETES_VERSION = kubernetes_validate.utils.latest_version()
 NAMESPACE = "nvidia-device-plugin"
-OVERLAY_NAMES = ["cdi", "labels", "mig", "mps", "node-labels", "prometheus-operator", "time-slicing"]
+OVERLAY_NAMES = ["cdi", "dra", "labels", "mig", "mps", "node-labels", "prometheus-operator", "time-slicing"]
 KUSTOMIZATIONS = ["manifests", *(f"overlays/{name}" for name in OVERLAY_NAMES)]
 # Kinds with no schema in kubernetes-validate (CRDs); their structure is checked by hand below.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}

@@ -269,7 +269,8 @@ config-manager
 {{- end }}
 {{- end -}}
 
-{{/* Env that goes with nvdp.configArgs. */}}
+{{/* Env that goes with nvdp.configArgs; NODE_NAME also where the main container calls the API itself (.api:
+GFD's NodeFeature API, the DRA mode). */}}
 {{- define "nvdp.configEnv" -}}
 {{- $mode := include "nvdp.configMode" . }}
 {{- if eq $mode "node-name" }}
@@ -278,7 +279,8 @@ config-manager
   valueFrom:
     fieldRef:
       fieldPath: spec.nodeName
-{{- else if eq $mode "in-process" }}
+{{- end }}
+{{- if or (eq $mode "in-process") .api }}
 - name: NODE_NAME
   valueFrom:
     fieldRef:
@@ -286,7 +288,7 @@ config-manager
 {{- end }}
 {{- end -}}
 
-{{/* The config mounts of a main container. */}}
+{{/* The config mounts of a main container, and the API token where it calls the API itself (.api). */}}
 {{- define "nvdp.configMounts" -}}
 {{- $mode := include "nvdp.configMode" . }}
 {{- if $mode }}
@@ -298,14 +300,15 @@ config-manager
 - name: config
   mountPath: /config
   readOnly: true
-{{- else if eq $mode "in-process" }}
+{{- end }}
+{{- if or (eq $mode "in-process") .api }}
 - name: kube-api-access
   mountPath: /var/run/secrets/kubernetes.io/serviceaccount
   readOnly: true
 {{- end }}
 {{- end -}}
 
-{{/* The config volumes of one DaemonSet. */}}
+{{/* The config volumes of one DaemonSet, and the API token's where its main container calls the API (.api). */}}
 {{- define "nvdp.configVolumes" -}}
 {{- $mode := include "nvdp.configMode" . }}
 {{- if $mode }}
@@ -320,8 +323,8 @@ config-manager
     medium: Memory
     sizeLimit: 1Mi
 {{- end }}
-{{- if and $mode (ne $mode "node-name") }}
-# What automountServiceAccountToken would mount, for the containers that read the node's label alone.
+{{- if or (and $mode (ne $mode "node-name")) .api }}
+# What automountServiceAccountToken would mount, for the containers of this pod that call the API alone.
 - name: kube-api-access
   projected:
     sources:
@@ -344,6 +347,48 @@ config-manager
 {{/* "true" when the release reads node labels through the API (and so needs its ClusterRole). */}}
 {{- define "nvdp.readsNodeLabels" -}}
 {{- if and (include "nvdp.hasConfig" .) (ne .Values.config.selection "node-name") -}}true{{- end -}}
+{{- end -}}
+
+{{/* ---- GPU Feature Discovery's DaemonSet: its namespace, its own ServiceAccount and its output ------------- */}}
+
+{{- define "nvdp.gfdNamespace" -}}
+{{- default (include "nvdp.namespace" .) .Values.gfd.namespaceOverride -}}
+{{- end -}}
+
+{{/* GFD's pods run under an account of their own, in their namespace: its rights (the NodeFeature object) are
+not the plugin's, and the plugin's (DRA) are not GFD's. */}}
+{{- define "nvdp.gfdServiceAccountName" -}}
+{{- include "nvdp.suffixed" (dict "root" . "suffix" "gpu-feature-discovery") -}}
+{{- end -}}
+
+{{/* "true" when GFD publishes through NFD's NodeFeature API: nfd.enableNodeFeatureApi true or unset (GFD v0.20's
+default); false writes NFD's features.d file instead. */}}
+{{- define "nvdp.gfdUsesNodeFeatureApi" -}}
+{{- $api := .Values.nfd.enableNodeFeatureApi -}}
+{{- if and .Values.gfd.enabled (or (kindIs "invalid" $api) (eq (toString $api) "true")) -}}true{{- end -}}
+{{- end -}}
+
+{{/* ---- the DRA mode (ours) ------------------------------------------------------------------------------------ */}}
+
+{{/* "true" when the plugin may serve DRA: dra.enabled, or a config in config.map that turns it on (a ConfigMap
+named by config.name is not assumed to: DRA's rights are cluster-wide writes, so they are asked for by value). */}}
+{{- define "nvdp.mayUseDra" -}}
+{{- if eq (toString .Values.dra.enabled) "true" -}}true
+{{- else -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- if eq (toString (dig "dra" "enabled" false (fromYaml $text))) "true" -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* dra.gpus as NVDP_DRA_GPUS takes it: "all", or the indices and UUIDs comma-joined; empty when unset. */}}
+{{- define "nvdp.draGpus" -}}
+{{- $gpus := .Values.dra.gpus -}}
+{{- if kindIs "slice" $gpus -}}
+{{- join "," $gpus -}}
+{{- else if not (kindIs "invalid" $gpus) -}}
+{{- toString $gpus -}}
+{{- end -}}
 {{- end -}}
 
 {{/* One config-manager container. .root: the chart; .name: the container's name; .oneshot: init or sidecar. */}}
