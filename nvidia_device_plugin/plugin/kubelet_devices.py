@@ -16,7 +16,7 @@ It follows kubelet's device manager (v1.36) where a plugin can see the differenc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -122,3 +122,48 @@ def take_preferred(preferred: Sequence[str], offered: Sequence[str], count: int)
     taken = set(chosen)
     chosen += [i for i in offered if i not in taken][: count - len(chosen)]
     return chosen
+
+
+AskPreferred = Callable[[Sequence[str], Sequence[str], int], list[str]]  # (available, must_include, size)
+Allocate = Callable[[Sequence[Sequence[str]]], pb.AllocateResponse]
+
+
+def admit_container(
+    resource: str,
+    free: Sequence[pb.Device],
+    count: int,
+    policy: TopologyPolicy,
+    ask_preferred: AskPreferred | None,
+    allocate: Allocate,
+) -> tuple[list[str], pb.ContainerAllocateResponse]:
+    """devicesToAllocate, then Allocate, for one container; AdmissionError as kubelet words it."""
+    if len(free) < count:
+        raise unexpected(
+            f"requested number of devices unavailable for {resource}. "
+            f"Requested: {count}, Available: {len(free)}"
+        )
+    aligned = aligned_devices(free, count, policy)
+    offered = aligned if aligned is not None else [d.ID for d in free]
+    try:
+        if aligned is not None and len(aligned) == count:
+            chosen = aligned  # exactly enough aligned devices: taken without asking the plugin
+        elif ask_preferred is not None:
+            chosen = take_preferred(ask_preferred(offered, [], count), offered, count)
+        else:
+            chosen = offered[:count]
+        response = allocate([chosen])
+    except grpc.RpcError as exc:
+        raise unexpected(rpc_failure(exc)) from exc
+    except ValueError as exc:  # the closed channel of a disconnected endpoint
+        raise unexpected(f"rpc error: code = Unavailable desc = {exc}") from exc
+    return chosen, response.container_responses[0]
+
+
+def preferred_request(
+    available: Sequence[str], must_include: Sequence[str], size: int
+) -> pb.PreferredAllocationRequest:
+    """kubelet's GetPreferredAllocation request for one container."""
+    container = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
+    )
+    return pb.PreferredAllocationRequest(container_requests=[container])

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -34,13 +35,12 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
 from nvidia_device_plugin.plugin.kubelet_devices import (
     ENDPOINT_STOP_GRACE_S,
     NODE_STATUS_INTERVAL_S,
-    AdmissionError,
     ResourceState,
     TopologyPolicy,
-    aligned_devices,
+    admit_container,
     node_status_tick,
+    preferred_request,
     rpc_failure,
-    take_preferred,
     unexpected,
 )
 from nvidia_device_plugin.workers import Worker
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 DIAL_TIMEOUT_S = 10.0  # kubelet's dial timeout towards a plugin's socket
-__all__ = ["AdmissionError", "KubeletStandIn", "PluginEndpoint"]
 
 
 @dataclass
@@ -66,6 +65,7 @@ class PluginEndpoint:
     last_update: float = 0.0  # time.perf_counter() of the last one
     stream: grpc.RpcContext | None = None  # the ListAndWatch call, once open
     watching: bool = False  # its ListAndWatch stream is open
+    dialled: bool = False  # its channel is connected (kubelet's client has a grpc connection to close)
 
 
 class _Registration(pb_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -154,20 +154,17 @@ class KubeletStandIn:
         with self._changed:
             self.dead = True
             clients = self._forget_clients()
-        self._stop_status()
+            status, self._status = self._status, None
+        if status is not None:
+            status.stop()
         for client in clients:
             client.channel.close()
 
     def stop(self) -> None:
         """A clean stop (the end of a test): connections closed, kubelet.sock removed."""
-        with self._changed:
-            self.dead = True
-            clients = self._forget_clients()
-        self._stop_status()
+        self.kill()
         self._stop_server()
         self.socket.unlink(missing_ok=True)
-        for client in clients:
-            client.channel.close()
 
     def restart(self) -> None:
         """A kubelet killed and started again: connections gone, then the directory wiped, then listening."""
@@ -187,11 +184,6 @@ class KubeletStandIn:
         server, self._server = self._server, None
         if server is not None:
             server.stop(0).wait()
-
-    def _stop_status(self) -> None:
-        status, self._status = self._status, None
-        if status is not None:
-            status.stop()
 
     def __enter__(self) -> KubeletStandIn:
         self.start()
@@ -221,13 +213,15 @@ class KubeletStandIn:
                 self.superseded.append(old)
         try:
             client.options = client.stub.GetDevicePluginOptions(pb.Empty(), timeout=DIAL_TIMEOUT_S)
+            client.dialled = True
         except (grpc.RpcError, ValueError) as exc:
             with self._changed:
                 self._clients.pop(name, None)  # deregisterClient: by name, whoever is there now
                 self.dial_failures.append(request.endpoint)
                 self._changed.notify_all()
             channel.close()
-            return f"cannot dial back plugin at {request.endpoint}: {exc}"
+            why = rpc_failure(exc) if isinstance(exc, grpc.RpcError) else str(exc)
+            return f"cannot dial back plugin at {request.endpoint}: {why}"
         with self._changed:
             self._plugins[name] = client  # PluginConnected: the resource's endpoint is this one now
             self._resources.setdefault(name, ResourceState()).stopped_at = None
@@ -279,7 +273,9 @@ class KubeletStandIn:
         """disconnectClient: deregister by name, close the channel, then PluginDisconnected."""
         with self._changed:
             self._clients.pop(client.resource, None)
-        client.channel.close()
+            dialled = client.dialled
+        if dialled:  # a client still dialling has no connection yet: kubelet closes nothing then
+            client.channel.close()
         with self._changed:
             state = self._resources.get(client.resource)
             if client.resource in self._plugins and state is not None:
@@ -325,17 +321,11 @@ class KubeletStandIn:
             client = self._clients.get(resource)
             return client is not None and client is self._plugins.get(resource) and client.watching
 
-    def capacity(self, resource: str) -> int:
-        """The resource's capacity in the node status, as of the last tick."""
+    def node_status(self, resource: str) -> tuple[int, int]:
+        """The resource's (capacity, allocatable) in the node status, as of the last node-status tick."""
         with self._changed:
             state = self._resources.get(resource)
-            return state.capacity if state else 0
-
-    def allocatable(self, resource: str) -> int:
-        """The resource's allocatable count in the node status, as of the last tick."""
-        with self._changed:
-            state = self._resources.get(resource)
-            return state.allocatable if state else 0
+            return (state.capacity, state.allocatable) if state else (0, 0)
 
     def wait_for_ticks(self, count: int = 1, timeout: float = 10.0) -> bool:
         """Wait until `count` more node-status ticks have happened."""
@@ -354,13 +344,14 @@ class KubeletStandIn:
                 self._changed.wait(timeout=min(left, 0.1))
             return True
 
-    def _listed(self, name: str) -> bool:
-        client = self._clients.get(name)
-        return client is not None and client is self._plugins.get(name) and client.updates > 0
-
     def wait_for_resources(self, names: Sequence[str], timeout: float = 10.0) -> bool:
         """Wait until every resource is connected and has sent its device list."""
-        return self.wait_for(lambda: all(self._listed(n) for n in names), timeout)
+
+        def listed(name: str) -> bool:
+            client = self._clients.get(name)
+            return client is not None and client is self._plugins.get(name) and client.updates > 0
+
+        return self.wait_for(lambda: all(listed(n) for n in names), timeout)
 
     def allocate(
         self, resource: str, containers: Sequence[Sequence[str]], timeout: float = 5.0
@@ -379,13 +370,7 @@ class KubeletStandIn:
         size: int,
         timeout: float = 5.0,
     ) -> list[str]:
-        request = pb.PreferredAllocationRequest(
-            container_requests=[
-                pb.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
-                )
-            ]
-        )
+        request = preferred_request(available, must_include, size)
         response = self.plugin(resource).stub.GetPreferredAllocation(request, timeout=timeout)
         return list(response.container_responses[0].deviceIDs)
 
@@ -400,25 +385,14 @@ class KubeletStandIn:
             free = state.healthy_free() if state is not None else []
         if plugin is None or state is None:
             raise unexpected(f"unknown Device Plugin {resource}")
-        if len(free) < count:
-            raise unexpected(
-                f"requested number of devices unavailable for {resource}. "
-                f"Requested: {count}, Available: {len(free)}"
-            )
-        aligned = aligned_devices(free, count, self.topology_policy)
-        offered = aligned if aligned is not None else [d.ID for d in free]
-        try:
-            if aligned is not None and len(aligned) == count:
-                chosen = aligned  # exactly enough aligned devices: taken without asking the plugin
-            elif plugin.options.get_preferred_allocation_available:
-                chosen = take_preferred(self.preferred(resource, offered, [], count), offered, count)
-            else:
-                chosen = offered[:count]
-            response = self.allocate(resource, [chosen])
-        except grpc.RpcError as exc:
-            raise unexpected(rpc_failure(exc)) from exc
-        except ValueError as exc:  # the channel of a disconnected endpoint
-            raise unexpected(f"rpc error: code = Unavailable desc = {exc}") from exc
+        chosen, response = admit_container(
+            resource,
+            free,
+            count,
+            self.topology_policy,
+            partial(self.preferred, resource) if plugin.options.get_preferred_allocation_available else None,
+            partial(self.allocate, resource),
+        )
         with self._changed:
             state.allocated.update(chosen)
-        return chosen, response.container_responses[0]
+        return chosen, response

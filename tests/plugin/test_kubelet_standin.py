@@ -134,10 +134,10 @@ def test_capacity_follows_node_status_ticks_and_an_expired_resource_goes_at_one(
         register_once(kubelet)
         assert kubelet.wait_for_resources([RESOURCE])
         assert kubelet.wait_for_ticks(2)
-        assert (kubelet.capacity(RESOURCE), kubelet.allocatable(RESOURCE)) == (4, 4)
+        assert kubelet.node_status(RESOURCE) == (4, 4)
         server.stop()
-        assert kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 0)
-        assert kubelet.capacity(RESOURCE) == 4  # still listed, all Unhealthy, until the grace period ends
+        assert kubelet.wait_for(lambda: kubelet.node_status(RESOURCE)[1] == 0)
+        assert kubelet.node_status(RESOURCE)[0] == 4  # all Unhealthy, until the grace period ends
         assert kubelet.wait_for(lambda: RESOURCE not in kubelet.resources(), timeout=5)
         assert kubelet.devices(RESOURCE) == {}
 
@@ -148,7 +148,7 @@ def test_without_a_tick_the_node_status_does_not_move(plugin_dir: Path) -> None:
         try:
             register_once(kubelet)
             assert kubelet.wait_for_resources([RESOURCE])
-            assert kubelet.capacity(RESOURCE) == 0
+            assert kubelet.node_status(RESOURCE) == (0, 0)
         finally:
             server.stop()
 
@@ -206,6 +206,6 @@ def test_admission_failures_read_as_kubelet_words_them(
     )
     assert str(err.value).endswith(", which is unexpected")
     kubelet.close_stream(RESOURCE)
-    assert kubelet.wait_for(lambda: not kubelet.connected(RESOURCE))
+    assert kubelet.wait_for(lambda: kubelet.disconnects == [RESOURCE])
     with pytest.raises(AdmissionError, match="requested number of devices unavailable"):
         kubelet.admit(RESOURCE, 1)  # every device is Unhealthy now
