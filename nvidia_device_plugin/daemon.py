@@ -33,7 +33,7 @@ from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.metrics import DaemonMetrics
+from nvidia_device_plugin.metrics import DaemonMetrics, negotiate
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
@@ -92,7 +92,9 @@ class Daemon:
         self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
         self._probes = (
-            ProbeServer(options.metrics_address, self.metrics.render, self.liveness, self.readiness)
+            ProbeServer(
+                options.metrics_address, self.metrics.render, self.liveness, self.readiness, negotiate
+            )
             if options.metrics_address
             else None
         )
