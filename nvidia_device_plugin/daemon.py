@@ -32,7 +32,7 @@ from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import HealthRegistry, health_dependencies, mark_lost_at_start_up
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
-from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.logs import FailureLog, RateLimitedLog
 from nvidia_device_plugin.metrics import DaemonMetrics, negotiate
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
@@ -80,6 +80,7 @@ class Daemon:
         self.nvml: NvmlSession | None = None
         self.cdi = CdiPublisher()  # CDI specs of the served snapshot (cdi-annotations / cdi-cri)
         self._discovery = FailureLog(log)  # discovery problems and MIG violations, each logged once
+        self._health_lines = RateLimitedLog(log)  # health changes, per device
         self.reloads = SnapshotFollower(
             options.load_config,
             self._apply_reload,
@@ -290,7 +291,8 @@ class Daemon:
             self.manager.notify(change.resource)
 
     def _on_health_change(self, change: HealthChange) -> None:
-        """The one log line per health change, and an immediate ListAndWatch push where it matters."""
+        """The one log line per health change (at most 5 per device in 10 s: a flapping GPU makes thousands),
+        and a ListAndWatch push where it matters (coalesced by the stream, see plugin/streams.py)."""
         self.metrics.health_changed(change)
         if self.labels is not None:
             self.labels.notify()
@@ -302,14 +304,18 @@ class Daemon:
         ]
         where = describe(snapshot.inventory, change.uuid)
         if change.healthy:
-            log.info(
+            self._health_lines.log(
+                change.uuid,
+                logging.INFO,
                 "%s is healthy again (%s); resources affected: %s",
                 where,
                 change.reason,
                 ", ".join(affected) or "none",
             )
         else:
-            log.warning(
+            self._health_lines.log(
+                change.uuid,
+                logging.WARNING,
                 "%s is unhealthy: %s; resources affected: %s",
                 where,
                 change.reason,
