@@ -31,10 +31,8 @@ def test_a_flapping_gpu_costs_bounded_pushes_and_log_lines_and_the_last_state_ar
     plugin_dir: Path,
     kubelet: KubeletStandIn,
     caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
     xids: int,
 ) -> None:
-    monkeypatch.setattr(logs, "RATE_LIMIT_WINDOW_S", 3600.0)  # no summary line during the test
     caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemon")
     daemon = start_daemon(plugin_dir, load_config=lambda: FLAPPING)
     try:
