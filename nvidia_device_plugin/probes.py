@@ -117,83 +117,88 @@ def _path_of(head: bytes) -> str:
     return urlsplit(parts[1].decode("latin-1")).path if len(parts) >= 2 else ""
 
 
-def _handler_class(
-    metrics: _RenderCache, liveness: Check, readiness: Check
-) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        server_version = f"nvidia-device-plugin/{__version__}"
-        timeout = IDLE_TIMEOUT_S  # socket timeout: an idle or slow client is dropped
-        busy: str | None = None  # why this request is answered 503 at once (its bound is full)
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One connection: its head read under the deadline, then one request answered within its bound."""
 
-        def handle(self) -> None:
-            server = self.server
-            assert isinstance(server, _Server)
-            head = read_head(self.connection, time.monotonic() + HEADER_DEADLINE_S)
-            server.head_read(self.connection)
-            if head is None:
-                log.debug("http: a client sent no complete request head in time; closed")
-                return
-            self.rfile = io.BytesIO(head)  # GET and HEAD carry no body; one request per connection
-            path = _path_of(head)
-            slots, what = server.bound_of(path)
-            if not slots.acquire(blocking=False):
-                server.refused += 1
-                self.busy = f"busy: {what} already being answered; try again\n"
-                self.handle_one_request()
-                return
+    metrics: _RenderCache  # set by _handler_class, with the two below
+    checks: dict[str, Check]
+    server_version = f"nvidia-device-plugin/{__version__}"
+    busy: str | None = None  # why this request is answered 503 at once (its bound is full)
+
+    def handle(self) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        head = read_head(self.connection, time.monotonic() + HEADER_DEADLINE_S)
+        server.head_read(self.connection)
+        if head is None:
+            log.debug("http: a client sent no complete request head in time; closed")
+            return
+        self.rfile = io.BytesIO(head)  # GET and HEAD carry no body; one request per connection
+        path = _path_of(head)
+        slots, what = server.bound_of(path)
+        if not slots.acquire(blocking=False):
+            server.refused += 1
+            self.busy = f"busy: {what} already being answered; try again\n"
+            self.handle_one_request()
+            return
+        try:
+            self.handle_one_request()
+        finally:
+            slots.release()
+
+    def do_GET(self) -> None:
+        self._answer(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(send_body=False)
+
+    def _answer(self, send_body: bool) -> None:
+        path = urlsplit(self.path).path
+        if self.busy is not None:
+            self._send(503, self.busy.encode(), "text/plain; charset=utf-8", send_body)
+        elif path == "/metrics":
             try:
-                self.handle_one_request()
-            finally:
-                slots.release()
+                body, content_type = self.metrics.get(self.headers.get("Accept", ""))
+            except Exception:
+                log.exception("metrics: collecting failed")
+                self._send(500, b"collecting metrics failed; see the plugin log\n", "text/plain", send_body)
+                return
+            self._send(200, body, content_type, send_body)
+        elif path in self.checks:
+            self._probe(self.checks[path], path, send_body)
+        else:
+            self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain", send_body)
 
-        def do_GET(self) -> None:
-            self._answer(send_body=True)
+    def _probe(self, check: Check, path: str, send_body: bool) -> None:
+        try:
+            reason = check()
+        except Exception as exc:  # a probe that cannot tell says so; it never kills the server
+            log.exception("probe %s failed", path)
+            reason = f"probe failed: {exc}"
+        if reason is None:
+            self._send(200, b"ok\n", "text/plain; charset=utf-8", send_body)
+        else:
+            self._send(503, f"{reason}\n".encode(), "text/plain; charset=utf-8", send_body)
 
-        def do_HEAD(self) -> None:
-            self._answer(send_body=False)
+    def _send(self, status: int, body: bytes, content_type: str, send_body: bool) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
 
-        def _answer(self, send_body: bool) -> None:
-            path = urlsplit(self.path).path
-            if self.busy is not None:
-                self._send(503, self.busy.encode(), "text/plain; charset=utf-8", send_body)
-            elif path == "/metrics":
-                try:
-                    body, content_type = metrics.get(self.headers.get("Accept", ""))
-                except Exception:
-                    log.exception("metrics: collecting failed")
-                    self._send(
-                        500, b"collecting metrics failed; see the plugin log\n", "text/plain", send_body
-                    )
-                    return
-                self._send(200, body, content_type, send_body)
-            elif path in _PROBE_PATHS:
-                self._probe(liveness if path == "/healthz" else readiness, path, send_body)
-            else:
-                self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain", send_body)
+    def log_message(self, format: str, *args: object) -> None:
+        # Probes hit this server every few seconds; a line per request would drown the state changes.
+        log.debug("http: " + format, *args)
 
-        def _probe(self, check: Check, path: str, send_body: bool) -> None:
-            try:
-                reason = check()
-            except Exception as exc:  # a probe that cannot tell says so; it never kills the server
-                log.exception("probe %s failed", path)
-                reason = f"probe failed: {exc}"
-            if reason is None:
-                self._send(200, b"ok\n", "text/plain; charset=utf-8", send_body)
-            else:
-                self._send(503, f"{reason}\n".encode(), "text/plain; charset=utf-8", send_body)
 
-        def _send(self, status: int, body: bytes, content_type: str, send_body: bool) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if send_body:
-                self.wfile.write(body)
+def _handler_class(metrics: _RenderCache, liveness: Check, readiness: Check) -> type[_Handler]:
+    class Handler(_Handler):
+        timeout = IDLE_TIMEOUT_S  # socket timeout (read when the server is built): idle clients go
 
-        def log_message(self, format: str, *args: object) -> None:
-            # Probes hit this server every few seconds; a line per request would drown the state changes.
-            log.debug("http: " + format, *args)
-
+    Handler.metrics = metrics
+    Handler.checks = {"/healthz": liveness, "/readyz": readiness}
     return Handler
 
 
