@@ -42,8 +42,8 @@ from nvidia_device_plugin.health.registry import (
     mark_lost_at_start_up,
 )
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
-from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.metrics import DaemonMetrics
+from nvidia_device_plugin.logs import FailureLog, RateLimitedLog
+from nvidia_device_plugin.metrics import DaemonMetrics, negotiate
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.probes import ProbeServer
@@ -99,6 +99,7 @@ class Daemon(DraWiring):
         self._cdi_retrying: str | None = None
         self._discovery = FailureLog(log)  # the snapshot's warnings (announce.notices), each logged once
         self._noticed: set[str] = set()  # their keys, as last logged
+        self._health_lines = RateLimitedLog(log)  # health changes, per device
         self.reloads = SnapshotFollower(
             options.load_config,
             self._apply_reload,
@@ -113,7 +114,9 @@ class Daemon(DraWiring):
         self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
         self._probes = (
-            ProbeServer(options.metrics_address, self.metrics.render, self.liveness, self.readiness)
+            ProbeServer(
+                options.metrics_address, self.metrics.render, self.liveness, self.readiness, negotiate
+            )
             if options.metrics_address
             else None
         )
@@ -354,7 +357,8 @@ class Daemon(DraWiring):
             self.manager.notify(change.resource)
 
     def _on_health_change(self, change: HealthChange) -> None:
-        """The one log line per health change, and an immediate ListAndWatch push where it matters."""
+        """The one log line per health change (at most 5 per device in 10 s: a flapping GPU makes thousands),
+        and a ListAndWatch push where it matters (coalesced by the stream, see plugin/streams.py)."""
         self.metrics.health_changed(change)
         if self.dra is not None:
             self.dra.on_health_change(change)  # taints the DRA device (or lifts its taint)
@@ -368,14 +372,18 @@ class Daemon(DraWiring):
         ]
         where = describe(snapshot.inventory, change.uuid)
         if change.healthy:
-            log.info(
+            self._health_lines.log(
+                change.uuid,
+                logging.INFO,
                 "%s is healthy again (%s); resources affected: %s",
                 where,
                 change.reason,
                 ", ".join(affected) or "none",
             )
         else:
-            log.warning(
+            self._health_lines.log(
+                change.uuid,
+                logging.WARNING,
                 "%s is unhealthy: %s; resources affected: %s",
                 where,
                 change.reason,

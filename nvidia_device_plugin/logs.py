@@ -18,6 +18,9 @@ import time
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+# RateLimitedLog's defaults: lines per key and window.
+RATE_LIMIT_BURST = 5
+RATE_LIMIT_WINDOW_S = 10.0
 
 # C0 controls, DEL, C1 controls and the Unicode line and paragraph separators, which some viewers break on.
 _UNSAFE = [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]
@@ -131,3 +134,63 @@ class FailureLog:
     def reason(self, key: str) -> str | None:
         with self._lock:
             return self._reasons.get(key)
+
+
+class RateLimitedLog:
+    """Lines that can repeat without bound (a flapping GPU's health), limited per key: at most `burst`
+    lines per `window_s` seconds. The rest are counted, and when the window ends one line says how many
+    were left out and what the last of them said, so the final state is always in the log."""
+
+    def __init__(
+        self, logger: logging.Logger, burst: int | None = None, window_s: float | None = None
+    ) -> None:
+        self._log = logger
+        self._burst = RATE_LIMIT_BURST if burst is None else burst
+        self._window_s = RATE_LIMIT_WINDOW_S if window_s is None else window_s
+        self._lock = threading.Lock()
+        self._windows: dict[str, _Window] = {}
+
+    def log(self, key: str, level: int, message: str, *args: object) -> bool:
+        """Log `message % args` unless `key` has had `burst` lines in this window; True when logged."""
+        now = time.monotonic()
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None or now - window.start >= self._window_s:
+                self._windows[key] = window = _Window(now)
+            if window.logged >= self._burst:
+                first = window.suppressed == 0
+                window.suppressed += 1
+                window.last = (level, message, args)
+                if first:  # said once the window ends, by a short timer (one per key and window at most)
+                    timer = threading.Timer(window.start + self._window_s - now, self._flush, (key, window))
+                    timer.daemon = True
+                    timer.start()
+                return False
+            window.logged += 1
+        self._log.log(level, message, *args)
+        return True
+
+    def _flush(self, key: str, window: _Window) -> None:
+        with self._lock:
+            if self._windows.get(key) is window:
+                del self._windows[key]
+            suppressed, last = window.suppressed, window.last
+        if last is None:
+            return
+        level, message, args = last
+        try:
+            self._log.log(
+                level,
+                f"{suppressed} more line(s) about {key} left out in {self._window_s:g}s; the last: {message}",
+                *args,
+            )
+        except Exception:  # a timer thread must not die with a traceback over a log line
+            self._log.exception("logging the summary of %s failed", key)
+
+
+class _Window:
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.logged = 0
+        self.suppressed = 0
+        self.last: tuple[int, str, tuple[object, ...]] | None = None

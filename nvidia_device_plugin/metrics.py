@@ -70,6 +70,46 @@ class DaemonView(Protocol):
     def manager(self) -> PluginManager: ...
 
 
+# ---- exposition formats ----------------------------------------------------------------------------
+
+OPENMETRICS = "application/openmetrics-text"
+_ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")  # prometheus_client's; others: underscores
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    parts = text.split(".")
+    return tuple(int(p) for p in parts) if text and all(p.isdigit() and len(p) < 6 for p in parts) else None
+
+
+def negotiate(accept: str) -> str:
+    """The Accept header reduced to the format prometheus_client would serve for it, as an Accept header.
+
+    prometheus_client serves a handful of formats (text 0.0.4; text 1.0.0 and OpenMetrics 1.0.0 / 2.0.0,
+    each in four name escapings); whatever a client writes (q-values, other types, any version string)
+    comes down to one of them, so a render cache keyed by the answer stays small and a fresh header per
+    scrape still hits it. Rules as choose_encoder's, except that an OpenMetrics or text version is named
+    by its major version (the body depends on no more), and a version that is not a number is skipped
+    like one below 1.0.0 (choose_encoder fails on it).
+    """
+    for entry in accept.split(",")[:32]:
+        mime, *params = (p.strip() for p in entry.split(";"))
+        values: dict[str, str] = {}
+        for param in params:
+            key, sep, value = param.partition("=")
+            if sep:
+                values.setdefault(key.strip(), value.strip())
+        version = _version(values.get("version", ""))
+        escaping = values.get("escaping", "underscores")
+        escaping = escaping if escaping in _ESCAPINGS else "underscores"
+        if mime == OPENMETRICS and not values.get("version"):
+            return OPENMETRICS
+        if version is None or version < (1, 0, 0) or mime not in (OPENMETRICS, "text/plain"):
+            continue
+        major = "2.0.0" if mime == OPENMETRICS and version >= (2, 0, 0) else "1.0.0"
+        return f"{mime}; version={major}; escaping={escaping}"
+    return ""
+
+
 # ---- metrics ---------------------------------------------------------------------------------------
 
 
@@ -185,7 +225,7 @@ class DaemonMetrics(Events):
 
     def render(self, accept: str) -> tuple[bytes, str]:
         """The exposition for an HTTP Accept header: (body, content type)."""
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = choose_encoder(negotiate(accept))
         return encoder(self.registry), content_type
 
     def touch_resource(self, resource: str) -> None:

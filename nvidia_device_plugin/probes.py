@@ -1,20 +1,29 @@
 """The daemon's HTTP endpoints: /metrics for Prometheus, /healthz (liveness) and /readyz (readiness).
 
 The server is small on purpose and bounded, so nothing a scraper or a stray client does can reach the
-kubelet-facing path:
+kubelet-facing path, and nothing a client of /metrics does can fail the probes:
 
-* at most MAX_CONNECTIONS connections are served at once; further ones are closed at once (a scraper
-  retries on its next interval, and an idle connection cannot pin a thread and a descriptor forever);
-* a connection that sends nothing for IDLE_TIMEOUT_S seconds is closed;
-* a /metrics body is rendered at most once per RENDER_CACHE_S seconds and shared by every scrape in
-  that window, so eight scrapers cost what one does.
+* a connection first has HEADER_DEADLINE_S seconds to send its whole request head (at most
+  MAX_HEAD_BYTES); a slow one (a header byte every few seconds) is closed when the deadline passes;
+* at most MAX_PENDING connections wait for their head at once: a further one pushes out the one that has
+  waited longest, so a kubelet probe (which sends its request at once) always gets its turn;
+* once the path is known, /metrics and the probes have bounds of their own: MAX_SCRAPES scrapes and
+  MAX_PROBES probes answered at once; past them the request is answered 503 at once. A scrape that hangs
+  in the render or in a client that never reads can hold only scrape slots;
+* a connection silent for IDLE_TIMEOUT_S seconds (reading or writing) is closed;
+* a /metrics body is rendered at most once per RENDER_CACHE_S seconds per exposition format (the Accept
+  header is reduced to the formats that exist first, by `negotiate`) and shared by every scrape in that
+  window, so eight scrapers cost what one does, however they word their Accept headers.
 
 The answers come from callables handed in by the daemon, so this module knows nothing about GPUs.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import http.server
+import io
 import logging
 import socket
 import threading
@@ -28,13 +37,20 @@ from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 16
+MAX_SCRAPES = 16  # /metrics requests answered at once
+MAX_PROBES = 8  # /healthz and /readyz requests answered at once (kubelet sends one per probe)
+MAX_PENDING = 64  # connections whose request head has not arrived yet
+HEADER_DEADLINE_S = 5.0  # for the whole request head (Prometheus and kubelet send it at once)
+MAX_HEAD_BYTES = 16 * 1024
 IDLE_TIMEOUT_S = 10.0
 RENDER_CACHE_S = 1.0
+_MAX_FORMATS = 16  # cached renders (negotiate leaves about a dozen formats)
 # serve_forever() notices shutdown() only between polls: this bounds how long stop() waits.
 _SHUTDOWN_POLL_S = 0.1
+_PROBE_PATHS = ("/healthz", "/readyz")
 
 RenderMetrics = Callable[[str], tuple[bytes, str]]  # Accept header -> (body, content type)
+Negotiate = Callable[[str], str]  # Accept header -> the format it asks for, as an Accept header
 Check = Callable[[], str | None]  # None when fine, else the reason (the 503 body)
 
 
@@ -54,78 +70,135 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class _RenderCache:
-    """One render per window, shared by concurrent scrapes (the lock makes latecomers wait for it)."""
+    """One render per window and format, shared by concurrent scrapes (latecomers wait for it)."""
 
-    def __init__(self, render: RenderMetrics, ttl_s: float) -> None:
+    def __init__(self, render: RenderMetrics, negotiate: Negotiate, ttl_s: float) -> None:
         self._render = render
+        self._negotiate = negotiate
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._cached: dict[str, tuple[float, bytes, str]] = {}
 
     def get(self, accept: str) -> tuple[bytes, str]:
+        wanted = self._negotiate(accept)
         with self._lock:
             now = time.monotonic()
-            hit = self._cached.get(accept)
+            hit = self._cached.get(wanted)
             if hit is not None and now - hit[0] < self._ttl_s:
                 return hit[1], hit[2]
-            body, content_type = self._render(accept)
-            if len(self._cached) > 8:  # Accept headers are client-chosen: keep the cache bounded
+            body, content_type = self._render(wanted)
+            if len(self._cached) >= _MAX_FORMATS:  # whatever negotiate lets through, the cache stays bounded
                 self._cached.clear()
-            self._cached[accept] = (now, body, content_type)
+            self._cached[wanted] = (now, body, content_type)
             return body, content_type
 
 
-def _handler_class(
-    metrics: _RenderCache, liveness: Check, readiness: Check
-) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        server_version = f"nvidia-device-plugin/{__version__}"
-        timeout = IDLE_TIMEOUT_S  # socket timeout: an idle or slow client is dropped
+def read_head(sock: socket.socket, deadline: float) -> bytes | None:
+    """The request head (up to its blank line), or None when the client is too slow, too big or gone."""
+    head = b""
+    while b"\r\n\r\n" not in head and b"\n\n" not in head:
+        left = deadline - time.monotonic()
+        if left <= 0 or len(head) > MAX_HEAD_BYTES:
+            return None
+        sock.settimeout(min(left, IDLE_TIMEOUT_S))
+        try:
+            chunk = sock.recv(4096)
+        except OSError:  # a timeout, a reset, or pushed out by newer connections
+            return None
+        if not chunk:
+            return None
+        head += chunk
+    sock.settimeout(IDLE_TIMEOUT_S)
+    return head
 
-        def do_GET(self) -> None:
-            self._answer(send_body=True)
 
-        def do_HEAD(self) -> None:
-            self._answer(send_body=False)
+def _path_of(head: bytes) -> str:
+    parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
+    return urlsplit(parts[1].decode("latin-1")).path if len(parts) >= 2 else ""
 
-        def _answer(self, send_body: bool) -> None:
-            path = urlsplit(self.path).path
-            if path == "/metrics":
-                try:
-                    body, content_type = metrics.get(self.headers.get("Accept", ""))
-                except Exception:
-                    log.exception("metrics: collecting failed")
-                    self._send(
-                        500, b"collecting metrics failed; see the plugin log\n", "text/plain", send_body
-                    )
-                    return
-                self._send(200, body, content_type, send_body)
-            elif path in ("/healthz", "/readyz"):
-                check = liveness if path == "/healthz" else readiness
-                try:
-                    reason = check()
-                except Exception as exc:  # a probe that cannot tell says so; it never kills the server
-                    log.exception("probe %s failed", path)
-                    reason = f"probe failed: {exc}"
-                if reason is None:
-                    self._send(200, b"ok\n", "text/plain; charset=utf-8", send_body)
-                else:
-                    self._send(503, f"{reason}\n".encode(), "text/plain; charset=utf-8", send_body)
-            else:
-                self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain", send_body)
 
-        def _send(self, status: int, body: bytes, content_type: str, send_body: bool) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if send_body:
-                self.wfile.write(body)
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One connection: its head read under the deadline, then one request answered within its bound."""
 
-        def log_message(self, format: str, *args: object) -> None:
-            # Probes hit this server every few seconds; a line per request would drown the state changes.
-            log.debug("http: " + format, *args)
+    metrics: _RenderCache  # set by _handler_class, with the two below
+    checks: dict[str, Check]
+    server_version = f"nvidia-device-plugin/{__version__}"
+    busy: str | None = None  # why this request is answered 503 at once (its bound is full)
 
+    def handle(self) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        head = read_head(self.connection, time.monotonic() + HEADER_DEADLINE_S)
+        server.head_read(self.connection)
+        if head is None:
+            log.debug("http: a client sent no complete request head in time; closed")
+            return
+        self.rfile = io.BytesIO(head)  # GET and HEAD carry no body; one request per connection
+        path = _path_of(head)
+        slots, what = server.bound_of(path)
+        if not slots.acquire(blocking=False):
+            server.refused += 1
+            self.busy = f"busy: {what} already being answered; try again\n"
+            self.handle_one_request()
+            return
+        try:
+            self.handle_one_request()
+        finally:
+            slots.release()
+
+    def do_GET(self) -> None:
+        self._answer(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(send_body=False)
+
+    def _answer(self, send_body: bool) -> None:
+        path = urlsplit(self.path).path
+        if self.busy is not None:
+            self._send(503, self.busy.encode(), "text/plain; charset=utf-8", send_body)
+        elif path == "/metrics":
+            try:
+                body, content_type = self.metrics.get(self.headers.get("Accept", ""))
+            except Exception:
+                log.exception("metrics: collecting failed")
+                self._send(500, b"collecting metrics failed; see the plugin log\n", "text/plain", send_body)
+                return
+            self._send(200, body, content_type, send_body)
+        elif path in self.checks:
+            self._probe(self.checks[path], path, send_body)
+        else:
+            self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain", send_body)
+
+    def _probe(self, check: Check, path: str, send_body: bool) -> None:
+        try:
+            reason = check()
+        except Exception as exc:  # a probe that cannot tell says so; it never kills the server
+            log.exception("probe %s failed", path)
+            reason = f"probe failed: {exc}"
+        if reason is None:
+            self._send(200, b"ok\n", "text/plain; charset=utf-8", send_body)
+        else:
+            self._send(503, f"{reason}\n".encode(), "text/plain; charset=utf-8", send_body)
+
+    def _send(self, status: int, body: bytes, content_type: str, send_body: bool) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        # Probes hit this server every few seconds; a line per request would drown the state changes.
+        log.debug("http: " + format, *args)
+
+
+def _handler_class(metrics: _RenderCache, liveness: Check, readiness: Check) -> type[_Handler]:
+    class Handler(_Handler):
+        timeout = IDLE_TIMEOUT_S  # socket timeout (read when the server is built): idle clients go
+
+    Handler.metrics = metrics
+    Handler.checks = {"/healthz": liveness, "/readyz": readiness}
     return Handler
 
 
@@ -133,21 +206,40 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True  # a hung client must not keep the process alive at exit
     block_on_close = False
     # listen() backlog. socketserver's default of 5 makes the kernel drop the SYNs of a burst of connects,
-    # which the clients retry a second or more later; with room in the backlog, connections past
-    # MAX_CONNECTIONS are accepted and closed at once instead, as the module docstring promises.
-    request_queue_size = 4 * MAX_CONNECTIONS
+    # which the clients retry a second or more later; with room in the backlog, every connection is
+    # accepted at once and the bounds above decide.
+    request_queue_size = 4 * MAX_PENDING
 
     def __init__(self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler]) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._scrapes = threading.BoundedSemaphore(MAX_SCRAPES)
+        self._probes = threading.BoundedSemaphore(MAX_PROBES)
+        self._lock = threading.Lock()
+        # Connections still sending their head, oldest first (by id: a socket is not hashable by value).
+        self._pending: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
         self.refused = 0
         super().__init__(address, handler)
 
+    def bound_of(self, path: str) -> tuple[threading.BoundedSemaphore, str]:
+        if path in _PROBE_PATHS:
+            return self._probes, f"{MAX_PROBES} probes"
+        return self._scrapes, f"{MAX_SCRAPES} scrapes"
+
     def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client: object) -> None:
-        if not self._slots.acquire(blocking=False):
+        assert isinstance(request, socket.socket)
+        with self._lock:
+            self._pending[id(request)] = request
+            oldest = self._pending.popitem(last=False)[1] if len(self._pending) > MAX_PENDING else None
+        if oldest is not None:
+            # The connection that waited longest for its own head goes: a fresh probe always gets in.
             self.refused += 1
-            self.shutdown_request(request)
-            return
+            with contextlib.suppress(OSError):
+                oldest.shutdown(socket.SHUT_RDWR)
         super().process_request(request, client)
+
+    def head_read(self, sock: socket.socket) -> None:
+        """`sock` no longer waits for its head (it came, or it never will)."""
+        with self._lock:
+            self._pending.pop(id(sock), None)
 
     def process_request_thread(
         self, request: socket.socket | tuple[bytes, socket.socket], client: object
@@ -155,7 +247,8 @@ class _Server(http.server.ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client)
         finally:
-            self._slots.release()
+            if isinstance(request, socket.socket):
+                self.head_read(request)
 
 
 class _Server6(_Server):
@@ -166,11 +259,17 @@ class ProbeServer(Worker):
     """The HTTP server: start() binds, then serves on its thread ("probes-http"); stop() shuts it down."""
 
     def __init__(
-        self, address: str, render_metrics: RenderMetrics, liveness: Check, readiness: Check
+        self,
+        address: str,
+        render_metrics: RenderMetrics,
+        liveness: Check,
+        readiness: Check,
+        negotiate: Negotiate = str,
     ) -> None:
         super().__init__("probes-http")
         self.address = address
-        self._handler = _handler_class(_RenderCache(render_metrics, RENDER_CACHE_S), liveness, readiness)
+        cache = _RenderCache(render_metrics, negotiate, RENDER_CACHE_S)
+        self._handler = _handler_class(cache, liveness, readiness)
         self._server: _Server | None = None
         self.host = ""
         self.port = 0

@@ -204,7 +204,7 @@ def _write_admission(
 ) -> int:
     """Admit one pod the way kubelet does (GetPreferredAllocation, then Allocate) and show the answer, or
     say why the pod is not admitted; 0 when it is."""
-    import grpc
+    from nvidia_device_plugin.plugin.kubelet_devices import AdmissionError
 
     healthy = sum(1 for d in kubelet.devices(plan.name).values() if d.health == "Healthy")
     per_container = 1 if plan.fail_requests_greater_than_one else healthy
@@ -218,9 +218,8 @@ def _write_admission(
         return 1
     try:
         chosen, response = kubelet.admit(plan.name, count)
-    except grpc.RpcError as exc:
-        code, details = exc.code(), exc.details()  # the RpcError of a call is a grpc.Call too
-        out.write(f"\nNot admitted: Allocate refuses {asking} ({code.name}): {details}\n")
+    except AdmissionError as exc:  # the pod's status, as kubelet words it
+        out.write(f"\nNot admitted: {asking}: {exc}\n")
         return 1
     out.write(f"\nAdmitted {asking}\n")
     out.write(f"  preferred allocation: {', '.join(labels[c] for c in chosen)}\n")

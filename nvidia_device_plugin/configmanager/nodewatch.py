@@ -9,14 +9,24 @@ the ClusterRole needs `list` and `watch` on `nodes` and nothing else. The watch 
 rather than through `kubernetes.watch.Watch`, because the caller has to tell three endings apart: the server
 closing the stream (reconnect from the last resourceVersion seen), `410 Gone` (that version is too old:
 list again), and any other failure (back off, then list again).
+
+Two bounds keep a misbehaving or hostile API answer from hurting the node. A list after `410 Gone` waits
+as client-go's reflector waits before it lists again (RelistBackoff: 0.8 s doubling to 30 s, each delay
+stretched by up to as much again at random, back to 0.8 s after 2 minutes without one), so an API server
+that expires every watch costs a request every 30-60 s, not 40 a second. And no answer is read past
+MAX_EVENT_BYTES: a list body or a watch line (one event) larger than that is refused with an error that
+says so, and the caller lists again after its backoff; lines are split as they arrive, in linear time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import random
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +38,15 @@ from kubernetes.client.exceptions import ApiException
 
 from nvidia_device_plugin.errors import DevicePluginError
 
+log = logging.getLogger(__name__)
+
 HTTP_GONE = 410
+# A Node object is at most what etcd stores (1.5 MiB by default); 8 MiB of JSON is far past any real one.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+# client-go's reflector: wait.NewExponentialBackoffManager(800ms, 30s, 2min, 2.0, 1.0).
+RELIST_INITIAL_S = 0.8
+RELIST_CAP_S = 30.0
+RELIST_RESET_S = 120.0
 # Asked of the server, which ends each watch after this long; the client then reconnects, which also bounds
 # how long a half-open connection (a vanished API server) can go unnoticed.
 WATCH_SECONDS = 300
@@ -39,6 +57,25 @@ _READ_TIMEOUT_SECONDS = WATCH_SECONDS + 30
 
 class NodeApiError(DevicePluginError):
     """The API server refused or failed a request (the message says which and why)."""
+
+
+class RelistBackoff:
+    """How long to wait before listing again after `410 Gone`, as client-go's reflector does."""
+
+    def __init__(self) -> None:
+        self._initial = RELIST_INITIAL_S
+        self._cap = RELIST_CAP_S
+        self._reset = RELIST_RESET_S
+        self._next = self._initial
+        self._last: float | None = None
+
+    def delay(self) -> float:
+        now = time.monotonic()
+        if self._last is None or now - self._last > self._reset:
+            self._next = self._initial
+        self._last = now
+        base, self._next = self._next, min(self._next * 2, self._cap)
+        return base * (1 + random.random())  # jitter 1.0: anywhere in [base, 2 x base)
 
 
 class WatchExpired(NodeApiError):
@@ -98,15 +135,23 @@ class NodeLabelReader:
         self._lock = threading.Lock()  # guards the two below between the reading thread and interrupt()
         self._stream: Any = None  # the watch response being read
         self._interrupted = False
+        self._woken = threading.Event()  # set by interrupt(): a backoff wait ends at once
+        self._relist = RelistBackoff()
+        self._expired = False  # the last watch ended in 410 Gone: the next list waits its backoff first
 
     def list_state(self) -> NodeState:
+        if self._expired:
+            self._expired = False
+            delay = self._relist.delay()
+            log.debug("listing node %s again in %.1fs (its watch expired)", self._node_name, delay)
+            self._woken.wait(delay)
         try:
             response: Any = self._api.list_node(
                 field_selector=self._selector,
                 _preload_content=False,
                 _request_timeout=(_CONNECT_TIMEOUT_SECONDS, _CONNECT_TIMEOUT_SECONDS * 3),
             )
-            body = json.loads(response.data)
+            body = json.loads(_read_bounded(response, f"the list of node {self._node_name}"))
         except ApiException as exc:
             raise NodeApiError(f"listing node {self._node_name} failed: {_describe(exc)}") from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
@@ -132,6 +177,7 @@ class NodeLabelReader:
             )
         except ApiException as exc:
             if exc.status == HTTP_GONE:
+                self._expired = True
                 raise WatchExpired(f"watch from resourceVersion {from_version}: {_describe(exc)}") from exc
             raise NodeApiError(f"watching node {self._node_name} failed: {_describe(exc)}") from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -155,6 +201,7 @@ class NodeLabelReader:
     def interrupt(self) -> None:
         """End the watch being read (from another thread), and any later one at once: its reader is
         stopping. A watch read otherwise waits up to WATCH_SECONDS for the next event."""
+        self._woken.set()
         with self._lock:
             self._interrupted = True
             stream = self._stream
@@ -162,7 +209,7 @@ class NodeLabelReader:
             _shut_down(stream)
 
     def _events(self, response: Any, version: str) -> Iterator[NodeState]:
-        for line in _lines(response):
+        for line in _lines(response, f"the watch of node {self._node_name}"):
             try:
                 event = json.loads(line)
                 kind = event["type"]
@@ -175,6 +222,7 @@ class NodeLabelReader:
                 code = obj.get("code") if isinstance(obj, dict) else None
                 message = obj.get("message", "") if isinstance(obj, dict) else ""
                 if code == HTTP_GONE:
+                    self._expired = True
                     raise WatchExpired(f"watch from resourceVersion {version}: {message or 'Gone'}")
                 raise NodeApiError(f"watch of node {self._node_name} failed: {code} {message}".rstrip())
             version = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or version)
@@ -193,13 +241,45 @@ def _shut_down(stream: Any) -> None:
         stream.shutdown()
 
 
-def _lines(response: Any) -> Iterator[bytes]:
-    """The stream's newline-separated lines, however the server chunked them."""
-    pending = b""
+def _too_large(what: str) -> NodeApiError:
+    return NodeApiError(
+        f"{what} sent more than {MAX_EVENT_BYTES // (1024 * 1024)} MiB in one answer (a Node is far "
+        "smaller); refused, listing again"
+    )
+
+
+def _read_bounded(response: Any, what: str) -> bytes:
+    """The whole body, refused past MAX_EVENT_BYTES."""
+    chunks, size = [], 0
+    while chunk := response.read(65536):
+        size += len(chunk)
+        if size > MAX_EVENT_BYTES:
+            response.close()
+            raise _too_large(what)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _lines(response: Any, what: str) -> Iterator[bytes]:
+    """The stream's newline-separated lines, however the server chunked them, each at most MAX_EVENT_BYTES.
+
+    Each chunk is searched once, and a line is joined once when it ends: linear in what arrives."""
+    parts: list[bytes] = []
+    size = 0
     # read1, not stream(): stream(n) waits for n bytes, and an event may be the only bytes for minutes.
     while chunk := response.read1(65536):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        yield from (line for line in complete if line.strip())
-    if pending.strip():
-        yield pending
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            if size + end - start > MAX_EVENT_BYTES:
+                raise _too_large(what)
+            line = b"".join([*parts, chunk[start:end]])
+            parts, size, start = [], 0, end + 1
+            if line.strip():
+                yield line
+        if start < len(chunk):
+            size += len(chunk) - start
+            if size > MAX_EVENT_BYTES:
+                raise _too_large(what)
+            parts.append(chunk[start:])
+    if (tail := b"".join(parts)).strip():
+        yield tail

@@ -2,6 +2,19 @@
 DevicePlugin protocol (dial back, ListAndWatch, GetPreferredAllocation, Allocate), over real unix sockets.
 
 Used by `demo`, the tests and the benchmarks, so the plugin is always exercised the way kubelet does it.
+It follows kubelet's (v1.36) device-plugin server where a plugin can see the difference:
+
+* Register (connectClient): the new client first replaces the resource's client, then kubelet dials the
+  endpoint and asks GetDevicePluginOptions. When that fails the client is dropped, and with it the live
+  registration it replaced, while the devices stay as they were ("Healthy" for a plugin that may be dead):
+  a plugin must never Register before its socket serves.
+* Each client runs one ListAndWatch stream (runClient). When the stream ends, kubelet looks up the
+  resource's *current* client and disconnects that one: closes its channel, marks every device of the
+  resource Unhealthy, stamps the endpoint's stop time. After a quick re-registration that is the new client
+  (kubelet's disconnect race). Kubelet never dials a plugin again: only a new Register brings it back.
+* kill() leaves a dead kubelet.sock (Register is refused) until the next start(); start() deletes every
+  socket in the directory first, then listens on kubelet.sock anew. restart() is kill() then start().
+* Capacity, allocatable, expired resources and admission: kubelet_devices.py.
 """
 
 from __future__ import annotations
@@ -12,33 +25,47 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
+from nvidia_device_plugin.plugin.kubelet_devices import (
+    ENDPOINT_STOP_GRACE_S,
+    NODE_STATUS_INTERVAL_S,
+    ResourceState,
+    TopologyPolicy,
+    admit_container,
+    node_status_tick,
+    preferred_request,
+    rpc_failure,
+    unexpected,
+)
+from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
+DIAL_TIMEOUT_S = 10.0  # kubelet's dial timeout towards a plugin's socket
 
 
 @dataclass
 class PluginEndpoint:
-    """What the stand-in knows about one registered resource."""
+    """One registration: kubelet's client of the plugin's socket, and the endpoint made from it."""
 
     resource: str
     endpoint: str
-    options: pb.DevicePluginOptions
     channel: grpc.Channel
     stub: pb_grpc.DevicePluginStub
-    devices: dict[str, pb.Device] = field(default_factory=dict)
+    generation: int  # of the kubelet (start) that made it
+    options: pb.DevicePluginOptions = field(default_factory=pb.DevicePluginOptions)
     updates: int = 0  # ListAndWatch messages received
     last_update: float = 0.0  # time.perf_counter() of the last one
-    stream: object | None = None
+    stream: grpc.RpcContext | None = None  # the ListAndWatch call, once open
     watching: bool = False  # its ListAndWatch stream is open
-    allocated: set[str] = field(default_factory=set)
+    dialled: bool = False  # its channel is connected (kubelet's client has a grpc connection to close)
 
 
 class _Registration(pb_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -46,6 +73,8 @@ class _Registration(pb_grpc.RegistrationServicer):  # type: ignore[misc]
         self._kubelet = kubelet
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        if self._kubelet.dead:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "connection refused: kubelet is not running")
         reason = self._kubelet._register(request)
         if reason:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
@@ -53,58 +82,108 @@ class _Registration(pb_grpc.RegistrationServicer):  # type: ignore[misc]
 
 
 class KubeletStandIn:
-    """Start with start(); restart() behaves like a kubelet restart (sockets wiped, kubelet.sock anew)."""
+    """Start with start(); restart() behaves like a kubelet that was killed and started again."""
 
     def __init__(
         self,
         plugin_dir: Path,
         reject: Callable[[pb.RegisterRequest], str | None] | None = None,
         register_delay: float = 0.0,
+        *,
+        topology_policy: TopologyPolicy = "none",
+        node_status_interval: float = NODE_STATUS_INTERVAL_S,
+        endpoint_stop_grace: float = ENDPOINT_STOP_GRACE_S,
+        disconnect_delay: float = 0.0,
+        watch: bool = True,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.socket = plugin_dir / "kubelet.sock"
         self.reject = reject
         # Seconds Register takes to answer after the dial-back, as a busy kubelet can.
         self.register_delay = register_delay
+        self.topology_policy = topology_policy
+        self.node_status_interval = node_status_interval
+        self.endpoint_stop_grace = endpoint_stop_grace
+        # Seconds between a stream's end and runClient looking up whom to disconnect (a busy kubelet's
+        # goroutine): widens the window of the disconnect race.
+        self.disconnect_delay = disconnect_delay
+        self.watch = watch  # False: a kubelet whose clients never open their ListAndWatch stream
         self.registrations: list[pb.RegisterRequest] = []
-        self._plugins: dict[str, PluginEndpoint] = {}
-        # Endpoints replaced by a newer registration of their resource. Like kubelet, the stand-in does not
-        # close them: ending their streams is the plugin's job.
+        self.dial_failures: list[str] = []  # endpoints named by a Register that could not be dialled
+        self.disconnects: list[str] = []  # resources disconnected (marked Unhealthy), in order
+        self.ticks = 0  # node-status ticks so far
+        self.dead = False  # killed: kubelet.sock is still there but nothing answers
+        self._clients: dict[str, PluginEndpoint] = {}  # the plugin server's current client per resource
+        self._plugins: dict[str, PluginEndpoint] = {}  # the device manager's endpoint per resource
+        self._resources: dict[str, ResourceState] = {}  # survives restarts, as kubelet's checkpoint does
+        # Clients replaced by a newer registration whose streams are still open. Like kubelet, the stand-in
+        # does not close them.
         self.superseded: list[PluginEndpoint] = []
+        self._generation = 0
         self._changed = threading.Condition()
         self._server: grpc.Server | None = None
+        self._status: Worker | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Kubelet's start-up: every socket in the directory is deleted, then kubelet.sock listens anew."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
+        self._stop_server()
+        for entry in self.plugin_dir.iterdir():
+            if entry.name != CHECKPOINT_FILE and (entry.is_socket() or entry.is_symlink()):
+                entry.unlink(missing_ok=True)
+        with self._changed:
+            self._generation += 1
+            self.dead = False
+            now = time.monotonic()
+            for state in self._resources.values():  # from the checkpoint: 0 devices until re-registered
+                state.devices = {}
+                state.stopped_at = now
+            self._changed.notify_all()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet-standin"))
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
         server.add_insecure_port(f"unix:{self.socket}")
         server.start()
         self._server = server
+        self._status = Worker("kubelet-node-status", self._tick_until)
+        self._status.start()
+
+    def kill(self) -> None:
+        """What SIGKILL leaves: every client connection gone, a dead kubelet.sock left behind."""
+        with self._changed:
+            self.dead = True
+            clients = self._forget_clients()
+            status, self._status = self._status, None
+        if status is not None:
+            status.stop()
+        for client in clients:
+            client.channel.close()
 
     def stop(self) -> None:
+        """A clean stop (the end of a test): connections closed, kubelet.sock removed."""
+        self.kill()
+        self._stop_server()
+        self.socket.unlink(missing_ok=True)
+
+    def restart(self) -> None:
+        """A kubelet killed and started again: connections gone, then the directory wiped, then listening."""
+        self.kill()
+        self.start()
+
+    def _forget_clients(self) -> list[PluginEndpoint]:
+        """Under the lock: drop every client and endpoint (the process that held them is gone)."""
+        clients = [*self._clients.values(), *self._plugins.values(), *self.superseded]
+        self._clients.clear()
+        self._plugins.clear()
+        self.superseded = []
+        self._changed.notify_all()
+        return list({id(c): c for c in clients}.values())
+
+    def _stop_server(self) -> None:
         server, self._server = self._server, None
         if server is not None:
             server.stop(0).wait()
-        self.socket.unlink(missing_ok=True)
-        with self._changed:
-            plugins = list(self._plugins.values()) + self.superseded
-            self._plugins.clear()
-            self.superseded = []
-            self._changed.notify_all()
-        for plugin in plugins:
-            plugin.channel.close()
-
-    def restart(self) -> None:
-        """What kubelet does when it restarts: forget plugins, wipe the directory, listen again."""
-        self.stop()
-        for entry in self.plugin_dir.iterdir():
-            if entry.name != CHECKPOINT_FILE and (entry.is_socket() or entry.is_symlink()):
-                entry.unlink(missing_ok=True)
-        self.start()
 
     def __enter__(self) -> KubeletStandIn:
         self.start()
@@ -123,52 +202,103 @@ class KubeletStandIn:
             return f"invalid resource name {request.resource_name!r}: must be <domain>/<name>"
         if self.reject is not None and (reason := self.reject(request)):
             return reason
+        name = request.resource_name
         channel = grpc.insecure_channel(f"unix:{self.plugin_dir / request.endpoint}")
-        stub = pb_grpc.DevicePluginStub(channel)
-        try:
-            options = stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
-        except grpc.RpcError as exc:
-            channel.close()
-            return f"cannot dial back plugin at {request.endpoint}: {exc}"
-        plugin = PluginEndpoint(
-            request.resource_name, request.endpoint, options, channel, stub, watching=True
-        )
+        client = PluginEndpoint(name, request.endpoint, channel, pb_grpc.DevicePluginStub(channel), 0)
         with self._changed:
-            old = self._plugins.get(request.resource_name)
-            self._plugins[request.resource_name] = plugin
-            if old is not None:
+            client.generation = self._generation
+            old = self._clients.get(name)
+            self._clients[name] = client  # registerClient, before the dial
+            if old is not None and old.watching:
                 self.superseded.append(old)
+        try:
+            client.options = client.stub.GetDevicePluginOptions(pb.Empty(), timeout=DIAL_TIMEOUT_S)
+            client.dialled = True
+        except (grpc.RpcError, ValueError) as exc:
+            with self._changed:
+                self._clients.pop(name, None)  # deregisterClient: by name, whoever is there now
+                self.dial_failures.append(request.endpoint)
+                self._changed.notify_all()
+            channel.close()
+            why = rpc_failure(exc) if isinstance(exc, grpc.RpcError) else str(exc)
+            return f"cannot dial back plugin at {request.endpoint}: {why}"
+        with self._changed:
+            self._plugins[name] = client  # PluginConnected: the resource's endpoint is this one now
+            self._resources.setdefault(name, ResourceState()).stopped_at = None
+            client.watching = self.watch
             self._changed.notify_all()
-        threading.Thread(
-            target=self._watch, args=(plugin,), name=f"kubelet-law-{request.resource_name}"
-        ).start()
+        if self.watch:
+            threading.Thread(
+                target=self._run_client, args=(client,), name=f"kubelet-law-{name}", daemon=True
+            ).start()
         if self.register_delay > 0:
             time.sleep(self.register_delay)
         return None
 
-    def _watch(self, plugin: PluginEndpoint) -> None:
+    def _run_client(self, client: PluginEndpoint) -> None:
+        """Kubelet's runClient: read the stream until it ends, then disconnect the resource's client."""
+        self._list_and_watch(client)
+        if self.disconnect_delay > 0:
+            time.sleep(self.disconnect_delay)
+        with self._changed:
+            if client.generation != self._generation or self.dead:
+                return  # that kubelet is gone; the next one starts from its checkpoint
+            current = self._clients.get(client.resource)  # getClient(name): whoever it is now
+        if current is not None:
+            self._disconnect(current)
+
+    def _list_and_watch(self, client: PluginEndpoint) -> None:
         try:
-            stream = plugin.stub.ListAndWatch(pb.Empty())
-            plugin.stream = stream
+            stream = client.stub.ListAndWatch(pb.Empty())
+            client.stream = stream
             for response in stream:
                 with self._changed:
-                    plugin.devices = {d.ID: d for d in response.devices}
-                    plugin.updates += 1
-                    plugin.last_update = time.perf_counter()
+                    state = self._resources.setdefault(client.resource, ResourceState())
+                    state.devices = {d.ID: d for d in response.devices}  # by resource name
+                    client.updates += 1
+                    client.last_update = time.perf_counter()
                     self._changed.notify_all()
         except (grpc.RpcError, ValueError):
-            # The plugin or the stand-in went away (ValueError: the stand-in closed the channel before
-            # the stream opened, when it restarts quickly); a new registration opens a new stream.
+            # The plugin or the stand-in ended it (ValueError: the channel was closed before the stream
+            # opened, when the stand-in restarts quickly).
             pass
         finally:
             with self._changed:
-                plugin.watching = False
-                done = plugin in self.superseded
-                if done:  # nobody will use it again: the list stays as long as the open streams
-                    self.superseded.remove(plugin)
+                client.watching = False
+                if client in self.superseded:
+                    self.superseded.remove(client)
                 self._changed.notify_all()
-            if done:
-                plugin.channel.close()
+
+    def _disconnect(self, client: PluginEndpoint) -> None:
+        """disconnectClient: deregister by name, close the channel, then PluginDisconnected."""
+        with self._changed:
+            self._clients.pop(client.resource, None)
+            dialled = client.dialled
+        if dialled:  # a client still dialling has no connection yet: kubelet closes nothing then
+            client.channel.close()
+        with self._changed:
+            state = self._resources.get(client.resource)
+            if client.resource in self._plugins and state is not None:
+                state.mark_unhealthy()
+                state.stopped_at = time.monotonic()
+                self.disconnects.append(client.resource)
+                log.info("kubelet stand-in: %s disconnected, its devices marked Unhealthy", client.resource)
+            self._changed.notify_all()
+
+    def close_stream(self, resource: str) -> None:
+        """Kubelet ends the resource's ListAndWatch stream itself (and disconnects it, as it always does)."""
+        with self._changed:
+            client = self._clients.get(resource)
+        if client is not None and client.stream is not None:
+            client.stream.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves it unannotated
+
+    def _tick_until(self, stop: threading.Event) -> None:
+        while not stop.wait(self.node_status_interval):
+            with self._changed:
+                for name in node_status_tick(self._resources, time.monotonic(), self.endpoint_stop_grace):
+                    self._plugins.pop(name, None)
+                self.ticks += 1
+                self._changed.notify_all()
 
     # ---- what a test or the demo asks -------------------------------------------------------
 
@@ -182,8 +312,26 @@ class KubeletStandIn:
 
     def devices(self, resource: str) -> dict[str, pb.Device]:
         with self._changed:
-            plugin = self._plugins.get(resource)
-            return dict(plugin.devices) if plugin else {}
+            state = self._resources.get(resource)
+            return dict(state.devices) if state else {}
+
+    def connected(self, resource: str) -> bool:
+        """Whether kubelet has a live client of the resource: registered, dialled, its stream open."""
+        with self._changed:
+            client = self._clients.get(resource)
+            return client is not None and client is self._plugins.get(resource) and client.watching
+
+    def node_status(self, resource: str) -> tuple[int, int]:
+        """The resource's (capacity, allocatable) in the node status, as of the last node-status tick."""
+        with self._changed:
+            state = self._resources.get(resource)
+            return (state.capacity, state.allocatable) if state else (0, 0)
+
+    def wait_for_ticks(self, count: int = 1, timeout: float = 10.0) -> bool:
+        """Wait until `count` more node-status ticks have happened."""
+        with self._changed:
+            target = self.ticks + count
+        return self.wait_for(lambda: self.ticks >= target, timeout)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Wait until predicate() (evaluated under the stand-in's lock) holds; False on timeout."""
@@ -197,9 +345,13 @@ class KubeletStandIn:
             return True
 
     def wait_for_resources(self, names: Sequence[str], timeout: float = 10.0) -> bool:
-        return self.wait_for(
-            lambda: all(n in self._plugins and self._plugins[n].updates > 0 for n in names), timeout
-        )
+        """Wait until every resource is connected and has sent its device list."""
+
+        def listed(name: str) -> bool:
+            client = self._clients.get(name)
+            return client is not None and client is self._plugins.get(name) and client.updates > 0
+
+        return self.wait_for(lambda: all(listed(n) for n in names), timeout)
 
     def allocate(
         self, resource: str, containers: Sequence[Sequence[str]], timeout: float = 5.0
@@ -218,31 +370,29 @@ class KubeletStandIn:
         size: int,
         timeout: float = 5.0,
     ) -> list[str]:
-        request = pb.PreferredAllocationRequest(
-            container_requests=[
-                pb.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size
-                )
-            ]
-        )
+        request = preferred_request(available, must_include, size)
         response = self.plugin(resource).stub.GetPreferredAllocation(request, timeout=timeout)
         return list(response.container_responses[0].deviceIDs)
 
     def admit(self, resource: str, count: int) -> tuple[list[str], pb.ContainerAllocateResponse]:
-        """Admit a one-container pod asking for `count` devices, as kubelet's device manager would."""
-        plugin = self.plugin(resource)
+        """Admit a one-container pod asking for `count` devices, as kubelet's device manager would.
+
+        AdmissionError (the pod's rejection, worded as kubelet words it) when it cannot be admitted.
+        """
         with self._changed:
-            free = sorted(
-                d.ID
-                for d in plugin.devices.values()
-                if d.health == "Healthy" and d.ID not in plugin.allocated
-            )
-        if len(free) < count:
-            raise RuntimeError(f"{resource}: {count} requested, {len(free)} healthy devices free")
-        chosen = free[:count]
-        if plugin.options.get_preferred_allocation_available:
-            chosen = self.preferred(resource, free, [], count)
-        response = self.allocate(resource, [chosen])
+            plugin = self._plugins.get(resource)
+            state = self._resources.get(resource)
+            free = state.healthy_free() if state is not None else []
+        if plugin is None or state is None:
+            raise unexpected(f"unknown Device Plugin {resource}")
+        chosen, response = admit_container(
+            resource,
+            free,
+            count,
+            self.topology_policy,
+            partial(self.preferred, resource) if plugin.options.get_preferred_allocation_available else None,
+            partial(self.allocate, resource),
+        )
         with self._changed:
-            plugin.allocated.update(chosen)
-        return chosen, response.container_responses[0]
+            state.allocated.update(chosen)
+        return chosen, response

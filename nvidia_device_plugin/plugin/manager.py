@@ -2,20 +2,19 @@
 
 Kubelet announces a restart by deleting every socket in the device-plugin directory and creating
 `kubelet.sock` anew; the directory watch (dirwatch.py) turns both into re-serve + re-register work for
-one registrar worker, so every state change is handled in one place, in order. Every few seconds the
-registrar also checks the sockets itself, so an event the watch missed (or a watch lost with its
-directory) costs seconds, not the node.
+the registrar (registrar.py), the one thread that serves and registers. Kubelet's ListAndWatch stream of
+a resource ending for any reason but our own stop (kubelet closed it, kubelet's disconnect race after a
+quick re-registration, a kubelet that died) is re-register work too: kubelet never dials a plugin back, so
+only a new Register makes it open a new stream. Repeated losses of short-lived streams back off.
 
-The registrar is supervised: a failure of any kind (binding a socket, registering, watching the
-directory) is logged once per distinct reason and retried with backoff; the thread never ends before
-stop(). health() says whether all of that is working.
+health() says whether all of that works: the registrar runs, the directory is watched, every served
+resource is registered, and none has gone without a kubelet stream for longer than the grace period.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,19 +22,33 @@ from pathlib import Path
 from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.plugin.dirwatch import WATCH_FAILURE, DirectoryWatch
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, PluginEvents
-from nvidia_device_plugin.plugin.registration import (
-    REGISTER_TIMEOUT_SECONDS,
-    RegistrationError,
-    register,
+from nvidia_device_plugin.plugin.registrar import (
+    KUBELET,
+    Registrar,
+    RegistrarHooks,
+    RegistrarSettings,
+    RegistrationState,
+    waiting_for_kubelet,
 )
+from nvidia_device_plugin.plugin.registration import REGISTER_TIMEOUT_SECONDS
 from nvidia_device_plugin.plugin.server import BindError, ResourceBackend, ResourceServer
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
-_KUBELET = "kubelet"  # FailureLog key of a missing kubelet socket
-_REGISTRAR = "registrar"  # FailureLog key of an unexpected registrar failure
+# How long a registered resource may go without kubelet's ListAndWatch stream before health() says so.
+# Kubelet opens it within milliseconds of Register, and a lost one is registered again at once; this is
+# for the case where that does not help (a Register timeout is 15 s). With the liveness probe's 6 x 10 s,
+# the pod restarts about 90 s after kubelet stopped watching.
+KUBELET_STREAM_GRACE_S = 30.0
+# A kubelet stream that lived at least this long was a working registration: the next loss of it is
+# answered at once; shorter ones in a row back off (min_retry doubling to max_retry).
+_STABLE_STREAM_S = 10.0
+# After kubelet's stream of a resource ended (our stop included), kubelet's client of that stream looks up
+# the resource's current client and disconnects it; a registration landing before that look-up would be
+# the one disconnected, and one still dialling would be left half-connected. Real kubelet looks within
+# milliseconds; the same kubelet is given this long. Not after a kubelet restart: that kubelet is gone.
+REGISTER_SETTLE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -45,20 +58,6 @@ class ResourceSpec:
     name: str
     socket_name: str
     backend: ResourceBackend
-
-
-class _Registrar(Worker):
-    """The registrar thread ("plugin-registrar") of one start() of a manager."""
-
-    def __init__(self, manager: PluginManager) -> None:
-        super().__init__("plugin-registrar")
-        self._manager = manager
-
-    def run(self, stop: threading.Event) -> None:
-        self._manager._supervise(stop)
-
-    def wake(self) -> None:
-        self._manager._wake.set()
 
 
 class PluginManager:
@@ -72,6 +71,7 @@ class PluginManager:
         min_retry_seconds: float = 0.05,
         max_retry_seconds: float = 2.0,
         register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
+        stream_grace_seconds: float | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / kubelet_socket
@@ -79,20 +79,15 @@ class PluginManager:
         self._min_retry = min_retry_seconds
         self._max_retry = max_retry_seconds
         self._register_timeout = register_timeout_seconds
-        self._servers: dict[str, ResourceServer] = {}
-        self._registered: set[str] = set()
-        # Resources to (re)register, each with the number of the request: a kubelet restart that lands
-        # while a Register call is in flight must not be cleared by that call's success.
-        self._pending: dict[str, int] = {}
-        self._requests = itertools.count(1)
-        self._rebind: set[str] = set()  # resources whose socket must be served anew first
-        self._kubelet_inode: int | None = None  # of the kubelet.sock last registered with
-        self._lock = threading.Lock()
-        # Held while starting or stopping servers, so apply() and the registrar never race on one.
-        self._serving = threading.Lock()
-        self._wake = threading.Event()
+        self._stream_grace = KUBELET_STREAM_GRACE_S if stream_grace_seconds is None else stream_grace_seconds
+        # Shared with the registrar; the containers are aliased here for reading, the scalar is not.
+        self._state = state = RegistrationState()
+        self._servers, self._registered, self._pending = state.servers, state.registered, state.pending
+        self._requests, self._rebind = state.requests, state.rebind
+        self._not_before, self._losses = state.not_before, state.losses
+        self._lock, self._serving, self._wake = state.lock, state.serving, state.wake
         self._failures = FailureLog(log)
-        self._registrar: _Registrar | None = None
+        self._registrar: Registrar | None = None
         self._watch = DirectoryWatch(plugin_dir, self._on_path_event, self._reregister_all, self._failures)
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -108,10 +103,16 @@ class PluginManager:
         self._watch.keep()
         self._start_registrar()
         if not self.kubelet_socket.exists():
-            self._waiting_for_kubelet()
+            waiting_for_kubelet(self._failures, self.kubelet_socket)
 
     def _start_registrar(self) -> None:
-        self._registrar = _Registrar(self)
+        settings = RegistrarSettings(
+            self.kubelet_socket, self._min_retry, self._max_retry, self._register_timeout, REGISTER_SETTLE_S
+        )
+        hooks = RegistrarHooks(
+            self._watch.keep, self._bind, self._kubelet_restarted, self._failures, self._events
+        )
+        self._registrar = Registrar(self._state, settings, hooks)
         self._registrar.start()
 
     def stop(self) -> None:
@@ -126,6 +127,7 @@ class PluginManager:
                 self._registered.clear()
                 self._pending.clear()
                 self._rebind.clear()
+                self._not_before.clear()
             for server in servers:
                 server.stop()
                 log.info("stopped serving %s", server.resource_name)
@@ -139,14 +141,27 @@ class PluginManager:
             return problem
         with self._lock:
             missing = sorted(set(self._servers) - self._registered)
+            registered = [(n, self._servers[n]) for n in sorted(self._registered) if n in self._servers]
         if not missing:
-            return None
+            return self._unwatched([(n, s.streams.missing_since()) for n, s in registered])
         reasons = [
             self._failures.reason(f"bind:{n}") or self._failures.reason(f"register:{n}") for n in missing
         ]
-        waiting = self._failures.reason(_KUBELET)
+        waiting = self._failures.reason(KUBELET)
         detail = next((r for r in reasons if r), None) or waiting or "registration in progress"
         return f"not registered with kubelet: {', '.join(missing)} ({detail})"
+
+    def _unwatched(self, since: list[tuple[str, float | None]]) -> str | None:
+        """Registered resources without a kubelet stream for longer than the grace period, said as such."""
+        now = time.monotonic()
+        late = [n for n, t in since if t is not None and now - t > self._stream_grace]
+        if not late:
+            return None
+        have = "has" if len(late) == 1 else "have"
+        return (
+            f"{', '.join(late)} {have} had no ListAndWatch stream from kubelet for over "
+            f"{self._stream_grace:g}s although registered; kubelet does not see its devices"
+        )
 
     # ---- what is served ---------------------------------------------------------------------
 
@@ -183,7 +198,9 @@ class PluginManager:
             existing.stop()
             with self._lock:
                 self._forget(name)
-        server = ResourceServer(name, socket_path, spec.backend, events=self._events)
+        server = ResourceServer(
+            name, socket_path, spec.backend, events=self._events, on_kubelet_stream_end=self._stream_ended
+        )
         bound = self._bind(server)
         with self._lock:
             self._servers[name] = server
@@ -198,6 +215,8 @@ class PluginManager:
         self._registered.discard(name)
         self._pending.pop(name, None)
         self._rebind.discard(name)
+        self._not_before.pop(name, None)
+        self._losses.pop(name, None)
         self._failures.clear(f"bind:{name}")
         self._failures.clear(f"register:{name}")
 
@@ -244,9 +263,25 @@ class PluginManager:
 
     def _socket_lost(self, name: str) -> None:
         """Under self._lock: resource `name` must be served anew on its socket, then registered again."""
-        self._rebind.add(name)
-        self._pending[name] = next(self._requests)
-        self._registered.discard(name)
+        self._state.socket_lost(name)
+
+    def _stream_ended(self, server: ResourceServer, lived_s: float, lost: bool) -> None:
+        """Kubelet's stream of `server` ended. When `lost` (not by our stop), register again so that kubelet
+        opens a new one: also while a registration is in flight (its request number changes, so its
+        success is not taken for a live stream)."""
+        name = server.resource_name
+        with self._lock:
+            self._state.stream_ended[name] = time.monotonic()
+            if not lost or self._servers.get(name) is not server:
+                return
+            streak = 0 if lived_s >= _STABLE_STREAM_S else self._losses.get(name, 0) + 1
+            self._losses[name] = streak
+            delay = 0.0 if streak <= 1 else min(self._min_retry * 2 ** (streak - 2), self._max_retry)
+            self._registered.discard(name)
+            self._pending[name] = next(self._requests)
+            self._not_before[name] = time.monotonic() + delay
+        log.info("registering %s again%s, so that kubelet opens a new stream", name, _after(delay))
+        self._wake.set()
 
     def _kubelet_restarted(self, why: str) -> None:
         log.info("%s: kubelet (re)started, re-registering all resources", why)
@@ -258,140 +293,11 @@ class PluginManager:
             self._rebind.update(self._servers)
             self._pending.update({name: next(self._requests) for name in self._servers})
             self._registered.clear()
-            self._kubelet_inode = None
+            self._state.kubelet_inode = None
+            self._not_before.clear()  # a new kubelet: no reason to hold back
+            self._state.stream_ended.clear()
         self._wake.set()
 
-    # ---- the registrar ----------------------------------------------------------------------
 
-    def _supervise(self, stop: threading.Event) -> None:
-        """The registrar thread: runs the loop until `stop`, and runs it again should it ever raise."""
-        while not stop.is_set():
-            try:
-                self._registrar_loop(stop)
-            except BaseException as exc:  # this thread must outlive any bug below it
-                log.exception("the plugin registrar failed (%r); restarting it", exc)
-                stop.wait(self._max_retry)
-
-    def _registrar_loop(self, stop: threading.Event) -> None:
-        delay = self._min_retry
-        done = False
-        while not stop.is_set():
-            # Idle, the registrar still wakes now and then to check the sockets itself.
-            self._wake.wait(timeout=self._max_retry if done else delay)
-            self._wake.clear()
-            if stop.is_set():
-                return
-            try:
-                done = self._step(stop)
-            except Exception as exc:
-                self._failures.report(
-                    _REGISTRAR, f"plugin registration failed unexpectedly, will retry: {exc!r}"
-                )
-                done = False
-            else:
-                self._failures.clear(_REGISTRAR)
-            # Retry fast right after a kubelet restart, then back off so a dead kubelet costs nothing.
-            delay = self._min_retry if done else min(delay * 2, self._max_retry)
-
-    def _step(self, stop: threading.Event) -> bool:
-        """One round of registrar work; True when nothing is left to retry."""
-        watched = self._watch.keep()
-        self._check_sockets()
-        bound = self._rebind_sockets()
-        registered = self._register_pending(stop)
-        return watched and bound and registered
-
-    def _check_sockets(self) -> None:
-        """What the watch should have told us, checked directly: lost sockets, a new kubelet.sock."""
-        with self._lock:
-            servers = [(n, s) for n, s in self._servers.items() if n not in self._rebind]
-            registered_with = self._kubelet_inode
-        lost = [name for name, server in servers if not server.socket_intact()]
-        if lost:
-            with self._lock:
-                for name in lost:
-                    if name in self._servers:
-                        self._socket_lost(name)
-        if registered_with is not None and _inode(self.kubelet_socket) not in (None, registered_with):
-            self._kubelet_restarted(f"kubelet socket {self.kubelet_socket} replaced")
-
-    def _rebind_sockets(self) -> bool:
-        """Serve every socket that was lost anew; True when all of them are bound."""
-        with self._lock:
-            todo = sorted(self._rebind)
-        ok = True
-        for name in todo:
-            with self._serving:
-                with self._lock:
-                    server = self._servers.get(name)
-                if server is None:
-                    continue
-                if not server.socket_intact():  # rebinding a live socket only opens a window for failures
-                    server.stop(grace=0)
-                    if not self._bind(server):
-                        ok = False
-                        continue
-                    self._failures.clear(f"bind:{name}")
-                    log.info("serving %s again on %s", name, server.socket_path)
-                with self._lock:
-                    self._rebind.discard(name)
-        return ok
-
-    def _register_pending(self, stop: threading.Event) -> bool:
-        """Try every pending registration; True when none is left pending."""
-        with self._lock:
-            todo = [
-                (n, self._servers[n], self._pending[n])
-                for n in sorted(self._pending)
-                if n in self._servers and n not in self._rebind
-            ]
-            unbound = bool(self._rebind)
-        if not todo:
-            return not unbound
-        kubelet_inode = _inode(self.kubelet_socket)
-        if kubelet_inode is None:
-            self._waiting_for_kubelet()
-            return False
-        if self._failures.clear(_KUBELET):
-            log.info("kubelet socket %s exists", self.kubelet_socket)
-        failed = False
-        for name, server, request in todo:
-            try:
-                register(self.kubelet_socket, name, server.socket_path.name, stop, self._register_timeout)
-            except RegistrationError as exc:
-                if stop.is_set():
-                    return False
-                self._failures.report(
-                    f"register:{name}", f"registering {name} with kubelet failed, will retry: {exc}"
-                )
-                failed = True
-                continue
-            self._accepted(name, server, request, kubelet_inode)
-        return not failed and not unbound
-
-    def _accepted(self, name: str, server: ResourceServer, request: int, kubelet_inode: int) -> None:
-        """Kubelet accepted request `request` for `name`: recorded, unless it is stale by now."""
-        with self._lock:
-            if self._servers.get(name) is not server:
-                return  # replaced or stopped while we were registering
-            if self._pending.get(name) != request:
-                return  # kubelet restarted meanwhile: this registration went to the old one
-            del self._pending[name]
-            self._registered.add(name)
-            self._kubelet_inode = kubelet_inode
-        self._failures.clear(f"register:{name}")
-        log.info("registered %s with kubelet (endpoint %s)", name, server.socket_path.name)
-        self._events.registered(name)
-
-    def _waiting_for_kubelet(self) -> None:
-        """There is no kubelet socket (yet): said once, at INFO, until it appears."""
-        self._failures.report(
-            _KUBELET, f"waiting for kubelet: {self.kubelet_socket} does not exist yet", logging.INFO
-        )
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except OSError:
-        return None
+def _after(delay: float) -> str:
+    return f" in {delay:.2f}s (its streams keep ending)" if delay > 0 else ""

@@ -4,10 +4,8 @@ The server knows nothing about GPUs: a ResourceBackend answers what devices exis
 allocate them; this module serves them as the v1beta1 DevicePlugin service (protocol.py parses and bounds
 the requests) and turns project errors into gRPC codes.
 
-Streams never starve unary calls: kubelet reads only the newest ListAndWatch stream of a resource
-(each registration opens one), so a new stream ends every older one of the same server. At most one
-stream then holds a worker thread for long, and Allocate, which kubelet calls with no deadline, always
-finds the other workers free.
+ListAndWatch streams (kubelet's and at most one other, so they never take the workers Allocate needs) are
+kept by streams.py.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import contextlib
 import logging
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -31,6 +28,7 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.errors import AllocationError, DevicePluginError
 from nvidia_device_plugin.plugin import protocol
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, CallError, CallMethod, PluginEvents
+from nvidia_device_plugin.plugin.streams import StreamSet
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +37,7 @@ M = TypeVar("M", bound=Message)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-# Worker threads per resource: one for kubelet's stream, the rest for unary calls.
+# Worker threads per resource: kubelet's stream and MAX_OTHER_STREAMS others, the rest for unary calls.
 WORKERS = 8
 # Calls accepted at once (running or queued for a worker); more get RESOURCE_EXHAUSTED at once instead of
 # queueing without bound, each holding up to MAX_REQUEST_BYTES.
@@ -122,6 +120,7 @@ class ResourceServer:
         backend: ResourceBackend,
         events: PluginEvents = NO_PLUGIN_EVENTS,
         max_workers: int = WORKERS,
+        on_kubelet_stream_end: Callable[[ResourceServer, float, bool], None] | None = None,
     ) -> None:
         self.resource_name = resource_name
         self.socket_path = socket_path
@@ -129,11 +128,8 @@ class ResourceServer:
         self._max_workers = max_workers
         self._grpc: grpc.Server | None = None
         self._inode: int | None = None
-        self._changed = threading.Condition()
-        self._version = 0
-        self._stopping = False
-        self._newest_stream = 0  # number of the newest ListAndWatch stream; older ones end
-        self._streams: dict[int, grpc.ServicerContext] = {}
+        self._on_kubelet_stream_end = on_kubelet_stream_end  # (server, seconds it lived, lost unasked)
+        self.streams = StreamSet(resource_name, self._device_list, self._kubelet_stream_ended)
         self.backend = backend
 
     @property
@@ -151,8 +147,7 @@ class ResourceServer:
         if self._grpc is not None:
             return
         clear_socket_path(self.socket_path)
-        with self._changed:
-            self._stopping = False
+        self.streams.serving()
         server = grpc.server(
             futures.ThreadPoolExecutor(
                 max_workers=self._max_workers, thread_name_prefix=f"grpc-{self.resource_name}"
@@ -185,64 +180,22 @@ class ResourceServer:
         server, self._grpc = self._grpc, None
         if server is None:
             return
-        with self._changed:
-            self._stopping = True
-            self._changed.notify_all()
+        self.streams.stop()
         server.stop(grace).wait()
         with contextlib.suppress(OSError):
             if self.socket_path.is_socket():
                 os.unlink(self.socket_path)
 
     def notify(self) -> None:
-        """The backend's device list changed: the open ListAndWatch stream sends it again now."""
-        with self._changed:
-            self._version += 1
-            self._changed.notify_all()
+        """The backend's device list changed: the open ListAndWatch streams send it again."""
+        self.streams.notify()
 
-    def stream_devices(self, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
-        with self._changed:
-            self._newest_stream += 1
-            number = self._newest_stream
-            older = list(self._streams.values())
-            self._streams[number] = context
-            self._changed.notify_all()
-        # Cancelling (not only waking) also frees a stream whose thread is blocked sending to a client
-        # that never reads.
-        for stale in older:
-            stale.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leaves it unannotated
-        if older:
-            log.info(
-                "ListAndWatch stream opened for %s, ending %d older stream(s)", self.resource_name, len(older)
-            )
-        else:
-            log.info("ListAndWatch stream opened for %s", self.resource_name)
-        return self._stream(number, context)
+    def _kubelet_stream_ended(self, lived_s: float, lost: bool) -> None:
+        if self._on_kubelet_stream_end is not None:
+            self._on_kubelet_stream_end(self, lived_s, lost)
 
-    def _stream(self, number: int, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
-        def wake() -> None:
-            with self._changed:
-                self._changed.notify_all()
-
-        def ended() -> bool:
-            return self._stopping or number != self._newest_stream or not context.is_active()
-
-        context.add_callback(wake)
-        try:
-            while True:
-                with self._changed:
-                    seen = self._version
-                    if ended():
-                        return
-                yield pb.ListAndWatchResponse(devices=[device_message(d) for d in self.backend.devices()])
-                with self._changed:
-                    while self._version == seen and not ended():
-                        self._changed.wait()
-                    if ended():
-                        return
-        finally:
-            with self._changed:
-                self._streams.pop(number, None)
-            log.info("ListAndWatch stream closed for %s", self.resource_name)
+    def _device_list(self) -> pb.ListAndWatchResponse:
+        return pb.ListAndWatchResponse(devices=[device_message(d) for d in self.backend.devices()])
 
     def parse_or_abort(
         self, message_type: type[M], raw: bytes, context: grpc.ServicerContext, method: str
@@ -284,7 +237,7 @@ def handlers(server: ResourceServer) -> grpc.GenericRpcHandler[bytes, Message]:
 
     def list_and_watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         server.parse_or_abort(pb.Empty, raw, context, "ListAndWatch")
-        return server.stream_devices(context)
+        return server.streams.open(context)
 
     def allocate(raw: bytes, context: grpc.ServicerContext) -> pb.AllocateResponse:
         def answer() -> pb.AllocateResponse:

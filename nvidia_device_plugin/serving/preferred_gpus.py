@@ -8,7 +8,11 @@ Whole GPUs: the best-connected set
       3. the number of distinct NUMA nodes among them (fewer is better);
       4. the GPU indices, sorted, compared as a list (lower is better), so that ties have one answer.
     The search is exact: a branch-and-bound over the combinations, pruned with an upper bound on the
-    pair sums that the remaining candidates could still add.
+    pair sums that the remaining candidates could still add, and started from a greedy answer. Its work
+    is capped, so a request on a huge node (kubelet calls with no deadline, and a long search would
+    slow every other call of the process) answers in milliseconds: after MAX_SEARCH_STEPS steps the
+    best set found so far is the answer, and with more than MAX_EXACT_CANDIDATES candidates the greedy
+    answer is. Every real node (up to 16 GPUs) is searched to the end.
 
     dgx-a100 (8 x A100 80GB on NVSwitch: every pair has 12 NVLinks; GPUs 0-3 on NUMA node 0 and 4-7 on
     node 1; pairs 0-1, 2-3, 4-5 and 6-7 share a PCIe switch). NVLink does not tell the sets apart, so
@@ -35,6 +39,7 @@ Whole GPUs: the best-connected set
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from nvidia_device_plugin.devices import Inventory, PcieLevel
@@ -47,6 +52,12 @@ def pcie_closeness(level: PcieLevel) -> int:
 
 
 _CLOSENESS_MAX = pcie_closeness(PcieLevel.INTERNAL)
+log = logging.getLogger(__name__)
+
+# About 5-10 microseconds each: the search stops within ~0.1 s.
+MAX_SEARCH_STEPS = 10_000
+# Building the search's bound table costs candidates^3; past this, the greedy answer is taken.
+MAX_EXACT_CANDIDATES = 64
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ def best_connected(
     forced = [k for k, d in enumerate(gpus) if d.id in required_ids]
     candidates = [k for k, d in enumerate(gpus) if d.id not in required_ids]
     search = _Search(gpus, weight, forced, candidates, size - len(forced))
-    return [gpus[k] for k in search.best()]
+    return [gpus[k] for k in search.best(exact=len(candidates) <= MAX_EXACT_CANDIDATES)]
 
 
 class _Search:
@@ -106,6 +117,12 @@ class _Search:
         self.forced = forced
         self.candidates = candidates
         self.need = need
+        self.steps_left = MAX_SEARCH_STEPS
+        self.best_key: _Key | None = None
+        self.best_set: list[int] = []
+
+    def _bound_table(self) -> None:
+        candidates, weight = self.candidates, self.weight
         m = len(candidates)
         # top[c][p]: prefix sums of candidate c's pair weights to candidates[p:] (c excluded), largest
         # first. It bounds what c can add in pairs with the other picks made from candidates[p:].
@@ -121,14 +138,21 @@ class _Search:
                     sums.append(sums[-1] + w)
                 rows.append(sums)
             self.top.append(rows)
-        self.best_key: _Key | None = None
-        self.best_set: list[int] = []
 
-    def best(self) -> list[int]:
+    def best(self, exact: bool = True) -> list[int]:
+        """The best set; with `exact` False (too many candidates), the greedy one."""
         forced_score = sum(self.weight[a][b] for x, a in enumerate(self.forced) for b in self.forced[x + 1 :])
         gains = [sum(self.weight[f][c] for f in self.forced) for c in self.candidates]
         self._consider(self._greedy(gains), None)
-        self._dfs(0, [], forced_score, gains)
+        if exact:
+            self._bound_table()
+            self._dfs(0, [], forced_score, gains)
+        if not exact or self.steps_left <= 0:
+            log.debug(
+                "preferred allocation of %d from %d GPUs: search capped, best set found so far",
+                len(self.forced) + self.need,
+                len(self.gpus),
+            )
         return sorted(self.best_set)
 
     def _key(self, chosen: list[int], score: int | None = None) -> _Key:
@@ -158,6 +182,9 @@ class _Search:
         return chosen
 
     def _dfs(self, start: int, chosen: list[int], score: int, gains: list[int]) -> None:
+        self.steps_left -= 1
+        if self.steps_left < 0:
+            return  # out of budget: the best set so far stands
         need = self.need - len(chosen)
         if need == 0:
             self._consider(chosen, score)

@@ -71,20 +71,36 @@ def replicas_by_policy(
         picked[dev.physical_uuid] = picked.get(dev.physical_uuid, 0) + 1
     chosen = list(required)
     sign = 1 if policy == "distributed" else -1
+    # Affinity to the GPUs the request holds changes only when it takes a GPU it did not hold: kept up to
+    # date then, so each pick costs one pass over the groups (linear in `size`, whatever its size).
+    affinity = {uuid: [0, 0] for uuid in free}  # uuid -> [NVLink lanes, PCIe closeness]
+    held: set[int] = set()
+    for gpu in sorted({d.gpu_index for d in chosen}):
+        _hold(inventory, gpu, held, affinity, gpu_of)
     for _ in range(size - len(required)):
-        held = {d.gpu_index for d in chosen}
-        ranked = []
-        for uuid, group in free.items():
-            if group:
-                lanes, closeness = _affinity(inventory, gpu_of[uuid], held)
-                ranked.append(
-                    ((sign * load[uuid], picked.get(uuid, 0), -lanes, -closeness, *order[uuid]), uuid)
-                )
+        ranked = (
+            ((sign * load[u], picked.get(u, 0), -affinity[u][0], -affinity[u][1], *order[u]), u)
+            for u, group in free.items()
+            if group
+        )
         best = min(ranked)[1]
         chosen.append(free[best].pop(0))
         load[best] += 1
         picked[best] = picked.get(best, 0) + 1
+        if gpu_of[best] not in held:
+            _hold(inventory, gpu_of[best], held, affinity, gpu_of)
     return chosen
+
+
+def _hold(
+    inventory: Inventory, gpu: int, held: set[int], affinity: dict[str, list[int]], gpu_of: dict[str, int]
+) -> None:
+    """The request now holds `gpu`: every group's affinity gains its links to it (same GPU: closest)."""
+    held.add(gpu)
+    for uuid, score in affinity.items():
+        lanes, closeness = _affinity(inventory, gpu_of[uuid], {gpu})
+        score[0] += lanes
+        score[1] += closeness
 
 
 def _affinity(inventory: Inventory, gpu: int, chosen: set[int]) -> tuple[int, int]:

@@ -96,9 +96,10 @@ def test_allocate_refusing_the_sample_pod_is_said_so(capsys: pytest.CaptureFixtu
     rc, output = demo(capsys, *argv, "--pod-devices", "2")
     assert rc == 1
     assert output.endswith(
-        "\nNot admitted: Allocate refuses a pod asking for nvidia.com/gpu.shared: 2 (INVALID_ARGUMENT): "
-        "container_requests[0]: request for 'nvidia.com/gpu.shared: 2' too large: maximum request size for "
-        "shared resources is 1\n"
+        "\nNot admitted: a pod asking for nvidia.com/gpu.shared: 2: UnexpectedAdmissionError: Allocate failed "
+        "due to rpc error: code = InvalidArgument desc = container_requests[0]: request for "
+        "'nvidia.com/gpu.shared: 2' too large: maximum request size for shared resources is 1, which is "
+        "unexpected\n"
     )
     rc, output = demo(capsys, *argv)  # by default the sample pod asks for what the resource admits
     assert rc == 0 and "Admitted a pod asking for nvidia.com/gpu.shared: 1\n" in output

@@ -7,7 +7,9 @@ import logging
 
 import pytest
 
-from nvidia_device_plugin.logs import configure_logging
+from nvidia_device_plugin.logs import RateLimitedLog, configure_logging
+
+from support.waiting import eventually
 
 
 @pytest.fixture(autouse=True)
@@ -90,3 +92,24 @@ def test_json_format_keeps_each_record_on_one_line(capsys: pytest.CaptureFixture
     entries = [json.loads(line) for line in lines]
     assert entries[0]["msg"] == f"unknown device ID {FORGED}"  # the value survives, escaped only on the wire
     assert FORGED in entries[1]["error"]
+
+
+# ---- RateLimitedLog (issue 23 item 15: a flapping GPU wrote ~20,000 lines in 10 s) -----------------------
+
+
+def test_repeated_lines_are_limited_per_key_and_summarised_when_the_window_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
+    caplog.set_level(logging.INFO, logger=logger.name)
+    lines = RateLimitedLog(logger, burst=3, window_s=0.2)
+    logged = [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(100)]
+    assert lines.log("GPU-b", logging.INFO, "GPU-b once")  # another key has its own budget
+    assert logged == [True] * 3 + [False] * 97
+    assert eventually(lambda: any("left out" in r.getMessage() for r in caplog.records))
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[:3] == ["GPU-a flip 0", "GPU-a flip 1", "GPU-a flip 2"]
+    assert "GPU-b once" in messages
+    (summary,) = [m for m in messages if "left out" in m]
+    assert summary == "97 more line(s) about GPU-a left out in 0.2s; the last: GPU-a flip 99"
+    assert lines.log("GPU-a", logging.WARNING, "GPU-a after the window")  # a new window, a new budget

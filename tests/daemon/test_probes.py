@@ -1,5 +1,6 @@
-"""The HTTP probe server on its own, over real TCP sockets: the connection bound, the idle timeout,
-the render cache shared by concurrent scrapes, and probes that fail without taking the server down.
+"""The HTTP probe server on its own, over real TCP sockets: the bounds (pending heads, scrapes, probes,
+each its own), the idle timeout and the header deadline, the render cache shared by concurrent scrapes,
+and probes that fail without taking the server down.
 
 The answers come from small callables standing in for the daemon (the server's whole interface to it);
 what the daemon itself answers is tested in test_metrics.py.
@@ -130,27 +131,24 @@ def test_parse_address_rejects_malformed_values_naming_the_flag(address: str) ->
         parse_address(address)
 
 
-# ---- the connection bound ------------------------------------------------------------------------
+# ---- the bounds ----------------------------------------------------------------------------------
 
 
-def test_idle_connections_past_the_bound_are_closed_at_once_and_serving_resumes_when_they_leave() -> None:
+def test_idle_connections_past_the_pending_bound_push_out_the_oldest_and_a_probe_gets_in() -> None:
     with serving() as server:
-        idle = [connect(server) for _ in range(probes.MAX_CONNECTIONS)]
+        idle = [connect(server) for _ in range(probes.MAX_PENDING)]
         try:
-            # The server accepts in arrival order, so the idle ones hold every slot when this one comes.
-            with connect(server) as extra:
-                send(extra, REQUEST)
-                assert read_to_end(extra) == b"", "a connection past the bound must be closed unanswered"
+            # One more: the connection that has waited longest for its own head goes, this one is served.
+            assert answers(server)
+            assert read_to_end(idle[0]) == b"", "the oldest idle connection must be closed unanswered"
             assert server.refused_connections == 1
+            assert get(server, "/metrics")[0] == 200
         finally:
             for sock in idle:
                 sock.close()
-        # Each handler notices its client left and frees its slot; until then a scrape may be refused.
-        assert eventually(lambda: answers(server))
-        assert get(server, "/metrics")[0] == 200
 
 
-def test_slow_requests_hold_the_bound_and_a_further_one_does_not_wait_for_them() -> None:
+def test_slow_probes_hold_only_the_probe_bound_and_a_further_one_is_answered_503_at_once() -> None:
     release = threading.Event()
     inside = threading.Semaphore(0)
 
@@ -162,26 +160,63 @@ def test_slow_requests_hold_the_bound_and_a_further_one_does_not_wait_for_them()
         results: list[int] = []
         clients = [
             threading.Thread(target=lambda: results.append(get(server, "/healthz")[0]))
-            for _ in range(probes.MAX_CONNECTIONS)
+            for _ in range(probes.MAX_PROBES)
         ]
         for client in clients:
             client.start()
         try:
-            for _ in clients:  # every slot is taken by a request inside the probe
+            for _ in clients:  # every probe slot is taken by a request inside the probe
                 assert inside.acquire(timeout=HANG_GUARD_S)
-            with connect(server) as extra:
-                send(extra, REQUEST)
-                assert read_to_end(extra) == b""
+            status, body = get(server, "/healthz")
+            assert status == 503 and body.startswith(b"busy: ")
             assert server.refused_connections == 1
+            assert get(server, "/metrics")[0] == 200  # scrapes have their own bound
         finally:
             release.set()
             for client in clients:
                 client.join()
-        assert results == [200] * probes.MAX_CONNECTIONS
+        assert results == [200] * probes.MAX_PROBES
         assert eventually(lambda: answers(server))
 
 
-# ---- the idle timeout ----------------------------------------------------------------------------
+def test_scrapes_that_hang_never_fail_the_probes() -> None:
+    # Issue 23 item 7: scrapes in flight held every connection slot, and /healthz failed.
+    render = CountingRender()
+    render.gate.clear()  # every scrape hangs inside the render until the test opens the gate
+    with serving(render) as server:
+        scrapers = [connect(server) for _ in range(probes.MAX_SCRAPES)]
+        try:
+            for sock in scrapers:
+                sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            assert eventually(lambda: render.calls == 1)  # one render; the others wait for its result
+            status, body = get(server, "/metrics")
+            assert status == 503 and body.startswith(b"busy: ")
+            assert get(server, "/healthz") == (200, b"ok\n")
+            assert get(server, "/readyz") == (200, b"ok\n")
+        finally:
+            render.gate.set()
+            answers_ = [read_to_end(sock) for sock in scrapers]
+            for sock in scrapers:
+                sock.close()
+        assert all(a.startswith(b"HTTP/1.0 200 ") for a in answers_), [a[:20] for a in answers_]
+
+
+def test_slow_header_senders_never_fail_the_probes() -> None:
+    # Issue 23 item 7: 16 clients each sending one header byte every few seconds made every probe fail.
+    with serving() as server:
+        slow = [connect(server) for _ in range(probes.MAX_SCRAPES)]
+        try:
+            for sock in slow:
+                sock.sendall(b"G")
+            for _ in range(3):
+                assert get(server, "/healthz") == (200, b"ok\n")
+            assert get(server, "/metrics")[0] == 200
+        finally:
+            for sock in slow:
+                sock.close()
+
+
+# ---- the idle timeout and the header deadline ------------------------------------------------------
 
 
 def test_a_client_that_sends_nothing_or_half_a_request_is_dropped_and_its_slot_freed(
@@ -195,7 +230,7 @@ def test_a_client_that_sends_nothing_or_half_a_request_is_dropped_and_its_slot_f
             assert read_to_end(halfway) == b""
 
         # A full house of silent clients only blocks the server until they time out.
-        silent_ones = [connect(server) for _ in range(probes.MAX_CONNECTIONS)]
+        silent_ones = [connect(server) for _ in range(probes.MAX_PENDING)]
         try:
             for sock in silent_ones:
                 assert read_to_end(sock) == b""
@@ -203,6 +238,40 @@ def test_a_client_that_sends_nothing_or_half_a_request_is_dropped_and_its_slot_f
         finally:
             for sock in silent_ones:
                 sock.close()
+
+
+def test_a_client_trickling_its_head_is_dropped_at_the_header_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each byte comes well within the idle timeout; the head as a whole never comes in time.
+    monkeypatch.setattr(probes, "HEADER_DEADLINE_S", 0.3)
+    with serving() as server, connect(server) as trickle:
+        done = threading.Event()
+
+        def send_slowly() -> None:
+            for byte in b"GET /healthz HTTP/1.1\r\nHost: probes\r\nX-Padding: " + b"a" * 10_000:
+                if done.wait(0.02):
+                    return
+                try:
+                    trickle.send(bytes([byte]))
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=send_slowly, daemon=True)
+        sender.start()
+        try:
+            assert read_to_end(trickle) == b"", "a trickled head must be cut off unanswered"
+        finally:
+            done.set()
+            sender.join()
+        assert answers(server)
+
+
+def test_a_head_over_the_size_bound_is_dropped() -> None:
+    with serving() as server, connect(server) as big:
+        send(big, b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * (2 * probes.MAX_HEAD_BYTES))
+        assert read_to_end(big) == b""
+        assert answers(server)
 
 
 # ---- the render cache ----------------------------------------------------------------------------
