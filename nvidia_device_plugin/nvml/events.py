@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
 import pynvml
 
@@ -101,13 +101,6 @@ class Probe:
     failure: NvmlFailure | None = field(default=None, compare=False)
 
 
-@runtime_checkable
-class InterruptibleWait(Protocol):
-    """The optional capability `interrupt_wait` uses (the simulator has it; pynvml does not)."""
-
-    def interrupt_event_wait(self, eventSet: EventSetHandle) -> None: ...
-
-
 def create_event_set(nv: NvmlApi) -> EventSetHandle:
     try:
         return nv.nvmlEventSetCreate()
@@ -178,9 +171,12 @@ def free_event_set(nv: NvmlApi, event_set: EventSetHandle) -> None:
 
 def interrupt_wait(nv: NvmlApi, event_set: EventSetHandle) -> bool:
     """Make the current or next wait on `event_set` return now, where the API can; False where it cannot."""
-    if not isinstance(nv, InterruptibleWait):
+    # Not isinstance(nv, InterruptibleWait): since Python 3.12 that looks attributes up statically, so it
+    # misses the capability behind a wrapper's __getattr__ (BoundedNvml forwards it to the simulator).
+    interrupt = getattr(nv, "interrupt_event_wait", None)
+    if not callable(interrupt):
         return False
-    nv.interrupt_event_wait(event_set)
+    interrupt(event_set)
     return True
 
 

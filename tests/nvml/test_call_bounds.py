@@ -150,3 +150,22 @@ def test_a_reload_with_a_gpu_stuck_midway_serves_it_as_before_and_lost() -> None
         assert gpu == replace(before.gpus[0], lost=True)
         assert after.links == before.links
         assert [g for g in after.gpus[1:]] == list(before.gpus[1:])
+
+
+def test_stop_can_interrupt_an_event_wait_through_the_bounded_api(session: NvmlSession) -> None:
+    # BoundedNvml forwards the simulator's interrupt_event_wait through __getattr__, which a runtime
+    # Protocol check does not see since Python 3.12: every monitor stop then waited out its event wait.
+    _, uuid = _gpu(session, 0)
+    event_set = nvml_events.create_event_set(session.nv)
+    nvml_events.register_gpu(
+        session.nv, event_set, uuid, nvml_events.event_mask(["EventTypeXidCriticalError"])
+    )
+    got: list[list[nvml_events.HealthEvent]] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(nvml_events.wait_events(session.nv, event_set, 60_000, 8))
+    )
+    waiter.start()
+    assert nvml_events.interrupt_wait(session.nv, event_set)  # the current wait or, if none yet, the next
+    waiter.join(30)
+    assert not waiter.is_alive() and got == [[]]
+    nvml_events.free_event_set(session.nv, event_set)
