@@ -48,6 +48,7 @@ _MAX_FORMATS = 16  # cached renders (negotiate leaves about a dozen formats)
 # serve_forever() notices shutdown() only between polls: this bounds how long stop() waits.
 _SHUTDOWN_POLL_S = 0.1
 _PROBE_PATHS = ("/healthz", "/readyz")
+_SCRAPES_BOUND, _PROBES_BOUND = f"{MAX_SCRAPES} scrapes", f"{MAX_PROBES} probes"  # named in 503 answers
 
 RenderMetrics = Callable[[str], tuple[bytes, str]]  # Accept header -> (body, content type)
 Negotiate = Callable[[str], str]  # Accept header -> the format it asks for, as an Accept header
@@ -141,9 +142,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.busy = f"busy: {what} already being answered; try again\n"
             self.handle_one_request()
             return
+        with server.lock:
+            server.answering[what] += 1
         try:
             self.handle_one_request()
         finally:
+            with server.lock:
+                server.answering[what] -= 1
             slots.release()
 
     def do_GET(self) -> None:
@@ -213,20 +218,21 @@ class _Server(http.server.ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler]) -> None:
         self._scrapes = threading.BoundedSemaphore(MAX_SCRAPES)
         self._probes = threading.BoundedSemaphore(MAX_PROBES)
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         # Connections still sending their head, oldest first (by id: a socket is not hashable by value).
         self._pending: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
         self.refused = 0
+        self.answering = collections.Counter[str]()  # requests holding a slot, by bound ("16 scrapes")
         super().__init__(address, handler)
 
     def bound_of(self, path: str) -> tuple[threading.BoundedSemaphore, str]:
         if path in _PROBE_PATHS:
-            return self._probes, f"{MAX_PROBES} probes"
-        return self._scrapes, f"{MAX_SCRAPES} scrapes"
+            return self._probes, _PROBES_BOUND
+        return self._scrapes, _SCRAPES_BOUND
 
     def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client: object) -> None:
         assert isinstance(request, socket.socket)
-        with self._lock:
+        with self.lock:
             self._pending[id(request)] = request
             oldest = self._pending.popitem(last=False)[1] if len(self._pending) > MAX_PENDING else None
         if oldest is not None:
@@ -238,7 +244,7 @@ class _Server(http.server.ThreadingHTTPServer):
 
     def head_read(self, sock: socket.socket) -> None:
         """`sock` no longer waits for its head (it came, or it never will)."""
-        with self._lock:
+        with self.lock:
             self._pending.pop(id(sock), None)
 
     def process_request_thread(
@@ -308,3 +314,12 @@ class ProbeServer(Worker):
     def refused_connections(self) -> int:
         server = self._server
         return server.refused if server is not None else 0
+
+    @property
+    def scrapes_answering(self) -> int:
+        """/metrics requests holding one of the MAX_SCRAPES slots now."""
+        server = self._server
+        if server is None:
+            return 0
+        with server.lock:
+            return server.answering[_SCRAPES_BOUND]

@@ -188,7 +188,9 @@ def test_scrapes_that_hang_never_fail_the_probes() -> None:
         try:
             for sock in scrapers:
                 sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-            assert eventually(lambda: render.calls == 1)  # one render; the others wait for its result
+            # Every scrape holds its slot (one renders, the others wait for its result) before the next.
+            assert eventually(lambda: server.scrapes_answering == probes.MAX_SCRAPES)
+            assert render.calls == 1
             status, body = get(server, "/metrics")
             assert status == 503 and body.startswith(b"busy: ")
             assert get(server, "/healthz") == (200, b"ok\n")

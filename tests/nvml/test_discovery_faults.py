@@ -67,6 +67,20 @@ def sim() -> Iterator[SimulatedNvml]:
     sim.close()
 
 
+@pytest.fixture(scope="module")
+def shared_host() -> Iterator[tuple[Path, Path]]:
+    """NODE's host tree made once for the module (making one per case cost most of the matrix's time):
+    an empty sysfs, and the proc root the simulator wrote."""
+    owner = SimulatedNvml(parse_node(NODE, "test"))
+    proc_root = owner.materialize_host().proc_root
+    yield proc_root.parent / "no-sysfs", proc_root
+    owner.close()
+
+
+def _discover_on(sim: SimulatedNvml, host: tuple[Path, Path]) -> Inventory:
+    return discover(sim, host[0], host[1])
+
+
 def _discover(sim: SimulatedNvml, tmp_path: Path) -> Inventory:
     # An empty sysfs makes discovery fall back to nvmlDeviceGetNumaNodeId.
     return discover(sim, tmp_path / "no-sysfs", sim.materialize_host().proc_root)
@@ -75,12 +89,12 @@ def _discover(sim: SimulatedNvml, tmp_path: Path) -> Inventory:
 @pytest.mark.parametrize("code_name", list(CODES))
 @pytest.mark.parametrize("call", list(GPU_CALLS))
 def test_a_failing_gpu_call_degrades_that_gpu_only(
-    sim: SimulatedNvml, tmp_path: Path, call: str, code_name: str
+    sim: SimulatedNvml, shared_host: tuple[Path, Path], call: str, code_name: str
 ) -> None:
-    healthy = _discover(sim, tmp_path)
+    healthy = _discover_on(sim, shared_host)
     target = GPU_CALLS[call]
     sim.fail_always(call, CODES[code_name], gpu=target)
-    inventory = _discover(sim, tmp_path)
+    inventory = _discover_on(sim, shared_host)
     others = [g for g in healthy.gpus if g.index != target]
     for gpu in others:
         found = next(g for g in inventory.gpus if g.index == gpu.index)
@@ -99,10 +113,10 @@ def test_a_failing_gpu_call_degrades_that_gpu_only(
 @pytest.mark.parametrize("code_name", list(CODES))
 @pytest.mark.parametrize("call", NODE_CALLS)
 def test_a_failing_node_call_leaves_every_gpu_served(
-    sim: SimulatedNvml, tmp_path: Path, call: str, code_name: str
+    sim: SimulatedNvml, shared_host: tuple[Path, Path], call: str, code_name: str
 ) -> None:
     sim.fail_always(call, CODES[code_name])
-    inventory = _discover(sim, tmp_path)
+    inventory = _discover_on(sim, shared_host)
     lost_mig_gpu = call == "nvmlGpuInstanceGetInfo" and code_name == "GPU_IS_LOST"  # GPU 0's instance
     assert [g.index for g in inventory.gpus if not g.lost] == ([1, 2] if lost_mig_gpu else [0, 1, 2])
     assert len(inventory.gpus) == 3
