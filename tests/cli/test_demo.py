@@ -96,8 +96,8 @@ def test_allocate_refusing_the_sample_pod_is_said_so(capsys: pytest.CaptureFixtu
     rc, output = demo(capsys, *argv, "--pod-devices", "2")
     assert rc == 1
     assert output.endswith(
-        "\nNot admitted: a pod asking for nvidia.com/gpu.shared: 2: UnexpectedAdmissionError: Allocate failed "
-        "due to rpc error: code = InvalidArgument desc = container_requests[0]: request for "
+        "\nNot admitted: a pod asking for nvidia.com/gpu.shared: 2: UnexpectedAdmissionError: Allocate "
+        "failed due to rpc error: code = InvalidArgument desc = container_requests[0]: request for "
         "'nvidia.com/gpu.shared: 2' too large: maximum request size for shared resources is 1, which is "
         "unexpected\n"
     )
