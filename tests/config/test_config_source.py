@@ -2,43 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.config.flags import add_config_arguments, config_source
+from nvidia_device_plugin.config.flags import config_source
 from nvidia_device_plugin.config.loader import Override, parse_config_text
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import ConfigOrigin
 from nvidia_device_plugin.errors import ConfigError
 
-FILE = """
-version: v1
-flags:
-  migStrategy: single
-  failOnInitError: false
-  nvidiaDriverRoot: /file/driver
-  plugin:
-    passDeviceSpecs: true
-    deviceListStrategy: volume-mounts
-    deviceIDStrategy: index
-"""
-
-
-def parse_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="nvidia-device-plugin", exit_on_error=False)
-    add_config_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-@pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "config.yaml"
-    path.write_text(FILE)
-    return path
-
+from support.config_flags import parse_args
 
 # --------------------------------------------------------------------------------------------------------
 # Where the file comes from
