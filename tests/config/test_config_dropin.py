@@ -12,7 +12,7 @@ from nvidia_device_plugin.config.loader import gfd_incompatibilities, parse_conf
 from nvidia_device_plugin.config.v1 import DEFAULT_CDI_SPEC_DIR
 from nvidia_device_plugin.errors import ConfigError
 
-from support.config_flags import parse_args
+from support.configs import parse_args
 
 
 def config_file(tmp_path: Path, text: str) -> Path:

@@ -11,7 +11,7 @@ from nvidia_device_plugin.config.loader import Override
 from nvidia_device_plugin.config.options import CONFIG_OPTIONS
 from nvidia_device_plugin.errors import ConfigError
 
-from support.config_flags import parse_args
+from support.configs import parse_args
 
 # --------------------------------------------------------------------------------------------------------
 # Precedence

@@ -10,7 +10,7 @@ import pytest
 from nvidia_device_plugin.config.flags import apply_health_env, resolve_config
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health
 
-from support.config_flags import parse_args
+from support.configs import parse_args
 
 # --------------------------------------------------------------------------------------------------------
 # DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS

@@ -13,7 +13,7 @@ from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import ConfigOrigin
 from nvidia_device_plugin.errors import ConfigError
 
-from support.config_flags import parse_args
+from support.configs import parse_args
 
 # --------------------------------------------------------------------------------------------------------
 # Where the file comes from
