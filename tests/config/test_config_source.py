@@ -13,22 +13,15 @@ from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import ConfigOrigin
 from nvidia_device_plugin.errors import ConfigError
 
-from support.configs import parse_args
+from support.configs import configmap_volume, parse_args
 
 # --------------------------------------------------------------------------------------------------------
 # Where the file comes from
 
 
 def configmap_dir(tmp_path: Path, files: dict[str, str]) -> Path:
-    """A ConfigMap volume as kubelet lays it out: keys are symlinks into ..data."""
-    mount = tmp_path / "configs"
-    data = mount / "..2026_12_02_10_00_00.000000001"
-    data.mkdir(parents=True)
-    for name, text in files.items():
-        (data / name).write_text(text)
-        (mount / name).symlink_to(Path("..data") / name)
-    (mount / "..data").symlink_to(data.name)
-    return mount
+    """The ConfigMap volume these tests mount at tmp_path/configs."""
+    return configmap_volume(tmp_path / "configs", files)
 
 
 def test_config_source_modes(tmp_path: Path) -> None:

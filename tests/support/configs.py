@@ -1,5 +1,5 @@
 """What the config tests feed the loader: the repository's example configs, a config text read as a file
-would be, and the config flags parsed as `run` parses them."""
+would be, a ConfigMap volume as kubelet mounts it, and the config flags parsed as `run` parses them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,18 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # the example configs
 def parse(text: str) -> Config:
     """`text` loaded as the config file "test.yaml" (errors name that file)."""
     return parse_config_text(text, "test.yaml")
+
+
+def configmap_volume(mount: Path, files: dict[str, str]) -> Path:
+    """A ConfigMap volume at `mount` as kubelet lays it out: each key a link into `..data`, itself a link to
+    a timestamped directory holding the files. Returns `mount`."""
+    data = mount / "..2026_12_02_10_00_00.000000001"
+    data.mkdir(parents=True)
+    for name, text in files.items():
+        (data / name).write_text(text)
+        (mount / name).symlink_to(Path("..data") / name)
+    (mount / "..data").symlink_to(data.name)
+    return mount
 
 
 def parse_args(*argv: str) -> argparse.Namespace:
