@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -192,3 +193,29 @@ def describe(inventory: Inventory, uuid: str) -> str:
     """How log lines name a physical device: "GPU 3 (GPU-...)", "MIG device 0:1 (MIG-...)"."""
     known: Gpu | MigDevice | None = inventory.gpu(uuid) or inventory.mig_device(uuid)
     return known.label if known is not None else f"device {uuid}"
+
+
+def link_groups(inventory: Inventory, joined: Callable[[GpuLink], bool]) -> dict[int, int]:
+    """GPU index -> the lowest minor in its group: GPUs joined, transitively, by the links `joined` accepts.
+
+    The one union-find over the links: DRA's nvlinkDomain/pcieSwitch attributes and our NVLink domain-size
+    label both group GPUs through it, so they agree on which GPUs share a domain. A GPU no accepted link
+    reaches is a group of its own.
+    """
+    parent = {gpu.index: gpu.index for gpu in inventory.gpus}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for link in inventory.links:
+        if link.a in parent and link.b in parent and joined(link):
+            a, b = root(link.a), root(link.b)
+            parent[max(a, b)] = min(a, b)
+    minors: dict[int, int] = {}
+    for gpu in inventory.gpus:
+        group = root(gpu.index)
+        minors[group] = min(minors.get(group, gpu.minor), gpu.minor)
+    return {gpu.index: minors[root(gpu.index)] for gpu in inventory.gpus}

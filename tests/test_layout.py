@@ -17,6 +17,7 @@ BENCH = PACKAGE.parent / "bench"
 RANKS = {  # area (top-level module or package) -> rank; "" is the package itself (__version__)
     **dict.fromkeys(("", "errors", "logs", "workers", "atomicfile", "fswatch", "signals", "api"), 0),
     "boundedio": 0,  # every read of a node-writable file, config/ included
+    "kubeapi": 0,  # the wording of Kubernetes API failures (no runtime import of the client)
     "children": 0,  # every child process: a clean signal mask, a deadline, bounded output
     **dict.fromkeys(("config", "devices", "plugin"), 1),
     **dict.fromkeys(("events", "nvml", "mig_layout"), 2),  # nvml/sim/ is part of nvml

@@ -37,6 +37,7 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.kubeapi import describe_api_error
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,6 @@ def _labels(node: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in labels.items()}
 
 
-def _describe(exc: ApiException) -> str:
-    try:
-        message = json.loads(exc.body or "").get("message", "")
-    except (TypeError, ValueError, AttributeError):
-        message = ""
-    return f"HTTP {exc.status} {exc.reason}" + (f": {message}" if message else "")
-
-
 class NodeLabelReader:
     """Reads one label of one node; `list_state()` once, then `watch(from_version)` over and over."""
 
@@ -153,7 +146,7 @@ class NodeLabelReader:
             )
             body = json.loads(_read_bounded(response, f"the list of node {self._node_name}"))
         except ApiException as exc:
-            raise NodeApiError(f"listing node {self._node_name} failed: {_describe(exc)}") from exc
+            raise NodeApiError(f"listing node {self._node_name} failed: {describe_api_error(exc)}") from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise NodeApiError(f"listing node {self._node_name} failed: {exc}") from exc
         items = body.get("items") or []
@@ -178,8 +171,10 @@ class NodeLabelReader:
         except ApiException as exc:
             if exc.status == HTTP_GONE:
                 self._expired = True
-                raise WatchExpired(f"watch from resourceVersion {from_version}: {_describe(exc)}") from exc
-            raise NodeApiError(f"watching node {self._node_name} failed: {_describe(exc)}") from exc
+                raise WatchExpired(
+                    f"watch from resourceVersion {from_version}: {describe_api_error(exc)}"
+                ) from exc
+            raise NodeApiError(f"watching node {self._node_name} failed: {describe_api_error(exc)}") from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise NodeApiError(f"watching node {self._node_name} failed: {exc}") from exc
         with self._lock:

@@ -16,40 +16,17 @@ Names are per node (a claim's devices come from one node), and stable while the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from nvidia_device_plugin.devices import GpuLink, Inventory, PcieLevel
-
-
-def _groups(inventory: Inventory, joined: Callable[[GpuLink], bool]) -> dict[int, int]:
-    """GPU index -> the lowest minor of its group, for the pairs `joined` accepts (union-find)."""
-    parent = {gpu.index: gpu.index for gpu in inventory.gpus}
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for link in inventory.links:
-        if link.a in parent and link.b in parent and joined(link):
-            a, b = root(link.a), root(link.b)
-            parent[max(a, b)] = min(a, b)
-    minors: dict[int, int] = {}
-    for gpu in inventory.gpus:
-        group = root(gpu.index)
-        minors[group] = min(minors.get(group, gpu.minor), gpu.minor)
-    return {gpu.index: minors[root(gpu.index)] for gpu in inventory.gpus}
+from nvidia_device_plugin.devices import Inventory, PcieLevel, link_groups
 
 
 def nvlink_domains(inventory: Inventory) -> dict[int, str]:
     """GPU index -> its NVLink domain, for the GPUs that have NVLink to another GPU."""
     linked = {i for link in inventory.links if link.nvlinks > 0 for i in (link.a, link.b)}
-    groups = _groups(inventory, lambda link: link.nvlinks > 0)
+    groups = link_groups(inventory, lambda link: link.nvlinks > 0)
     return {index: f"nvlink-{minor}" for index, minor in groups.items() if index in linked}
 
 
 def pcie_switches(inventory: Inventory) -> dict[int, str]:
     """GPU index -> the PCIe switch group it sits in (every GPU)."""
-    groups = _groups(inventory, lambda link: link.pcie <= PcieLevel.SINGLE)
+    groups = link_groups(inventory, lambda link: link.pcie <= PcieLevel.SINGLE)
     return {index: f"pcie-{minor}" for index, minor in groups.items()}

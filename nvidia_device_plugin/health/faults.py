@@ -37,6 +37,18 @@ log = logging.getLogger(__name__)
 LOST_AFTER_FAILED_PROBES = 3
 
 
+@dataclass(frozen=True)
+class HealthScope:
+    """What one health monitor watches, by which rules and clock: built once by the monitor and read by it
+    and its FaultTracker, so the two never disagree on the GPUs, the policy or the time."""
+
+    nv: NvmlApi
+    inventory: Inventory
+    policy: Health
+    clock: Callable[[], float]
+    poll_interval_s: float  # between liveness checks, and between recovery attempts of one device
+
+
 @dataclass
 class Fault:
     """An unhealthy device this monitor marked."""
@@ -52,29 +64,19 @@ class Fault:
 class FaultTracker:
     """Marks devices unhealthy in `registry`, checks GPUs are readable, and brings devices back."""
 
-    def __init__(
-        self,
-        nv: NvmlApi,
-        inventory: Inventory,
-        policy: Health,
-        registry: HealthRegistry,
-        clock: Callable[[], float],
-        poll_interval_s: float,
-        failures: FailureLog,
-    ) -> None:
-        self._nv = nv
-        self._inventory = inventory
-        self._policy = policy
+    def __init__(self, scope: HealthScope, registry: HealthRegistry, failures: FailureLog) -> None:
+        self._scope = scope
+        self._nv = scope.nv  # these three by shorter names: read on every check
+        self._inventory = scope.inventory
+        self._policy = scope.policy
         self._registry = registry
-        self._clock = clock
-        self._poll_interval_s = poll_interval_s
         self._failures = failures  # the monitor's: what could not be checked, why recovery is refused
         self._faults: dict[str, Fault] = {}
         self._failed_probes: dict[str, int] = {}
 
     def adopt_unhealthy(self) -> None:
         """Take over devices a previous monitor (before a config reload) left unhealthy, so they recover."""
-        now = self._clock()
+        now = self._scope.clock()
         for uuid in self._registry.unhealthy():
             gpu = self._inventory.gpu_of(uuid)
             if gpu is not None:
@@ -106,6 +108,14 @@ class FaultTracker:
             # DEBUG: the registry's subscriber (the daemon) logs the one line, with the resources affected.
             log.debug("%s is unhealthy: %s", describe(self._inventory, uuid), reason)
 
+    def mark_lost(self, gpu: Gpu, now: float, stuck_call: str | None = None) -> bool:
+        """Mark `gpu` lost: unreadable, or (`stuck_call` given) waiting on an NVML call the driver never
+        answered, which names the call in the reason. True when it was not lost before."""
+        fault = self._faults.get(gpu.uuid)
+        reason = REASON_LOST if stuck_call is None else stuck_reason(stuck_call)
+        self.fault(gpu, gpu.uuid, reason, None, now, lost=True)
+        return fault is None or not fault.lost
+
     def recover(self, now: float) -> bool:
         """Bring back the devices whose grace period passed and that nothing speaks against. True when
         one of them had been lost: its event registration must be renewed."""
@@ -115,11 +125,11 @@ class FaultTracker:
             if fault.lost or now - fault.last_bad_at < grace or now < fault.next_probe_at:
                 continue
             if self.probe(uuid, fault.gpu) != "ok":
-                fault.next_probe_at = now + self._poll_interval_s
+                fault.next_probe_at = now + self._scope.poll_interval_s
                 continue
             blocker = nvml_events.recovery_blocker(self._nv, fault.gpu.uuid, fault.ecc_baseline)
             if blocker is not None:
-                fault.next_probe_at = now + self._poll_interval_s
+                fault.next_probe_at = now + self._scope.poll_interval_s
                 where = describe(self._inventory, uuid)
                 self._failures.report(f"blocker {uuid}", f"{where} stays unhealthy: {blocker}")
                 continue
@@ -142,9 +152,8 @@ class FaultTracker:
             fault = self._faults.get(gpu.uuid)
             result, stuck_call = self._probe(gpu.uuid, gpu)
             if result == "stuck":  # its lane waits on a call the driver never answered: out of service
-                if fault is None or not fault.lost:
+                if self.mark_lost(gpu, now, stuck_call):
                     newly_lost.add(gpu.uuid)
-                self.fault(gpu, gpu.uuid, stuck_reason(stuck_call), None, now, lost=True)
                 continue
             if result == "unknown":
                 failures = self._failed_probes.get(gpu.uuid, 0) + 1
@@ -154,9 +163,8 @@ class FaultTracker:
             else:
                 self._failed_probes.pop(gpu.uuid, None)
             if result == "lost":
-                if fault is None or not fault.lost:
+                if self.mark_lost(gpu, now):
                     newly_lost.add(gpu.uuid)
-                self.fault(gpu, gpu.uuid, REASON_LOST, None, now, lost=True)
             elif result == "ok" and fault is not None and fault.lost:
                 fault.lost = False
                 fault.last_bad_at = now

@@ -54,13 +54,11 @@ from collections.abc import Callable
 from nvidia_device_plugin.config.v1 import Health
 from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.events import NO_EVENTS, Events
-from nvidia_device_plugin.health.faults import LOST_AFTER_FAILED_PROBES, FaultTracker
+from nvidia_device_plugin.health.faults import LOST_AFTER_FAILED_PROBES, FaultTracker, HealthScope
 from nvidia_device_plugin.health.ignored import IgnoredXidLog
 from nvidia_device_plugin.health.policy import (
     REASON_DOUBLE_BIT_ECC,
-    REASON_LOST,
     attribute_xid,
-    stuck_reason,
     xid_reason,
 )
 from nvidia_device_plugin.health.registry import HealthRegistry
@@ -102,19 +100,18 @@ class HealthMonitor(Worker):
         super().__init__("nvml-health")
         # stop() waits out one real NVML wait, which cannot be interrupted (see the module doc).
         self.join_timeout_s = wait_timeout_ms / 1000.0 + 5.0
-        self._nv = nv
-        self._events = events
+        self._scope = HealthScope(nv, inventory, policy, clock, poll_interval_s)
+        self._nv = nv  # these three are the scope's, by shorter names: read on every step
         self._inventory = inventory
         self._policy = policy
+        self._events = events
         self._wait_timeout_ms = wait_timeout_ms
-        self._poll_interval_s = poll_interval_s
-        self._clock = clock
         # Replaced only by the monitor thread (and start() before it runs), so stop() may read it.
         self._event_set: EventSetHandle | None = None
         self._registered: set[str] = set()
         self._failures = FailureLog(log)  # each distinct problem logged once
         self._wait_failures = FailureLog(log)  # the event wait's, forgotten when it works again
-        self._faults = FaultTracker(nv, inventory, policy, registry, clock, poll_interval_s, self._failures)
+        self._faults = FaultTracker(self._scope, registry, self._failures)
         self._ignored = IgnoredXidLog()
         self._backoff_s = self._initial_backoff_s
         self._next_poll_at = 0.0
@@ -134,12 +131,12 @@ class HealthMonitor(Worker):
             return False
         self._faults.adopt_unhealthy()
         self._build_event_set()
-        self._next_poll_at = self._clock() + self._poll_interval_s
+        self._next_poll_at = self._scope.clock() + self._scope.poll_interval_s
         log.info(
             "health monitor started: %d GPUs, %d watched for events, liveness checked every %gs, recovery %s",
             len(self._inventory.gpus),
             len(self._registered),
-            self._poll_interval_s,
+            self._scope.poll_interval_s,
             f"after {self._policy.recovery.grace_period_seconds:g}s"
             if self._policy.recovery.enabled
             else "off",
@@ -192,9 +189,9 @@ class HealthMonitor(Worker):
             self._wait_once()
         else:
             self.stopping.wait(self._wait_timeout_ms / 1000.0)
-        now = self._clock()
+        now = self._scope.clock()
         if now >= self._next_poll_at:
-            self._next_poll_at = now + self._poll_interval_s
+            self._next_poll_at = now + self._scope.poll_interval_s
             self._faults.check_liveness(now)
         if self._policy.recovery.enabled and self._faults.recover(now):
             self._build_event_set()  # a GPU that had been lost is back: register it for events again
@@ -220,7 +217,7 @@ class HealthMonitor(Worker):
             f"wait {failure.code}", f"waiting for NVML events failed: {failure}; retrying"
         )
         if failure.gpu_is_lost:
-            newly_lost = self._urgent_liveness_check(self._clock())
+            newly_lost = self._urgent_liveness_check(self._scope.clock())
             if newly_lost & self._registered:
                 # A lost GPU cannot be taken out of an event set, and may keep failing the wait.
                 self._build_event_set()
@@ -228,7 +225,7 @@ class HealthMonitor(Worker):
         self._backoff_s = min(self._backoff_s * 2, _MAX_BACKOFF_S)
 
     def _handle_event(self, event: HealthEvent) -> None:
-        now = self._clock()
+        now = self._scope.clock()
         if event.gpu_uuid is None:
             failure = event.uuid_failure
             self._failures.report(
@@ -276,13 +273,15 @@ class HealthMonitor(Worker):
             self._failures.report(
                 "no-events",
                 f"health.eventTypes {list(self._policy.event_types)} selects no XID or double-bit ECC "
-                f"events: only checking GPUs are readable every {self._poll_interval_s:g}s",
+                f"events: only checking GPUs are readable every {self._scope.poll_interval_s:g}s",
             )
             return
         try:
             new_set = nvml_events.create_event_set(self._nv)
         except NvmlFailure as failure:
-            without = f"XIDs will not be seen, only lost GPUs (checked every {self._poll_interval_s:g}s)"
+            without = (
+                f"XIDs will not be seen, only lost GPUs (checked every {self._scope.poll_interval_s:g}s)"
+            )
             self._failures.report_first(
                 f"create {failure.code}",
                 f"cannot create an NVML event set: {failure}; "
@@ -304,9 +303,9 @@ class HealthMonitor(Worker):
             mask = nvml_events.register_gpu(self._nv, event_set, gpu.uuid, self._wanted_events)
         except NvmlFailure as failure:
             if failure.stuck:
-                self._faults.fault(gpu, gpu.uuid, stuck_reason(failure.call), None, self._clock(), lost=True)
+                self._faults.mark_lost(gpu, self._scope.clock(), failure.call)
             elif failure.means_lost:
-                self._faults.fault(gpu, gpu.uuid, REASON_LOST, None, self._clock(), lost=True)
+                self._faults.mark_lost(gpu, self._scope.clock())
             elif failure.not_supported:
                 self._report_polled(gpu, "it supports no health events")
             elif failure.no_permission and gpu.mig_enabled:
@@ -327,7 +326,7 @@ class HealthMonitor(Worker):
         self._failures.report_first(
             f"polled {gpu.uuid}",
             f"{gpu.label}: XIDs cannot be watched ({why}); only checking it is readable every "
-            f"{self._poll_interval_s:g}s",
+            f"{self._scope.poll_interval_s:g}s",
         )
 
     def _free(self, event_set: EventSetHandle) -> None:

@@ -30,6 +30,7 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.kubeapi import describe_api_error
 
 log = logging.getLogger(__name__)
 
@@ -207,18 +208,12 @@ class NodeFeaturePublisher:
             hint = (
                 " (is NFD's nodefeatures.nfd.k8s-sigs.io CRD installed?)" if exc.status == _NOT_FOUND else ""
             )
-            raise NodeFeatureError(f"{doing} {self.describe()} failed: {_describe(exc)}{hint}") from exc
+            raise NodeFeatureError(
+                f"{doing} {self.describe()} failed: {describe_api_error(exc)}{hint}"
+            ) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise NodeFeatureError(f"{doing} {self.describe()} failed: {exc}") from exc
 
 
 class _Missing(Exception):
     """The object does not exist (yet)."""
-
-
-def _describe(exc: ApiException) -> str:
-    try:
-        message = json.loads(exc.body or "").get("message", "")
-    except (TypeError, ValueError, AttributeError):
-        message = ""
-    return f"HTTP {exc.status} {exc.reason}" + (f": {message}" if message else "")

@@ -8,9 +8,10 @@ can match one by accident) and admitted wherever NFD admits GFD's labels (NFD ol
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Sequence
 
-from nvidia_device_plugin.devices import Gpu, Inventory
+from nvidia_device_plugin.devices import Gpu, Inventory, link_groups
 
 OUR_PREFIX = "nvdp.nvidia.com/"
 
@@ -46,21 +47,8 @@ def _linked(inventory: Inventory, a: Gpu, b: Gpu) -> bool:
 
 def _largest_nvlink_domain(inventory: Inventory) -> int:
     """GPUs in the largest set reachable from one another over NVLink (directly or via NVSwitch)."""
-    parent = {g.index: g.index for g in inventory.gpus}
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for link in inventory.links:
-        if link.nvlinks > 0 and link.a in parent and link.b in parent:
-            parent[root(link.a)] = root(link.b)
-    sizes: dict[int, int] = {}
-    for index in parent:
-        sizes[root(index)] = sizes.get(root(index), 0) + 1
-    return max(sizes.values())
+    groups = link_groups(inventory, lambda link: link.nvlinks > 0)
+    return max(Counter(groups.values()).values())
 
 
 def _gpus_per_numa_node(gpus: Sequence[Gpu]) -> list[int] | None:

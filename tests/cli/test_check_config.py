@@ -15,6 +15,8 @@ import pytest
 
 from nvidia_device_plugin.cli.main import main
 
+from support.configs import configmap_volume as configmap_dir
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 BENCH_NODES = Path(__file__).resolve().parents[2] / "bench" / "nodes"
 # 8 x A100-80GB, each as 7 x 1g.10gb: 56 MIG devices under migStrategy single.
@@ -28,16 +30,6 @@ def check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     rc = main(["check-config", *argv], {})
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
-
-
-def configmap_dir(root: Path, files: dict[str, str]) -> Path:
-    data = root / "..2026_01_01"
-    data.mkdir(parents=True)
-    for name, text in files.items():
-        (data / name).write_text(text)
-        (root / name).symlink_to(Path("..data") / name)
-    (root / "..data").symlink_to(data.name)
-    return root
 
 
 def test_several_files_and_a_configmap_directory_at_once(

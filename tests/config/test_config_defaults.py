@@ -12,18 +12,13 @@ from nvidia_device_plugin.config.loader import (
     build_config,
     load_config_file,
     parse_config,
-    parse_config_text,
     parse_go_duration,
     qualify_resource_name,
 )
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, HEALTH_EVENT_TYPES, Config, ReplicatedDevices
 from nvidia_device_plugin.errors import ConfigError
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-def parse(text: str) -> Config:
-    return parse_config_text(text, "test.yaml")
+from support.configs import parse
 
 
 def parse_named(text: str) -> Config:

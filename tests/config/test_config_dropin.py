@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
 from nvidia_device_plugin.cli.main import main
-from nvidia_device_plugin.config.flags import add_config_arguments, resolve_config
+from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.config.loader import gfd_incompatibilities, parse_config_text
 from nvidia_device_plugin.config.v1 import DEFAULT_CDI_SPEC_DIR
 from nvidia_device_plugin.errors import ConfigError
 
-
-def parse_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="nvidia-device-plugin", exit_on_error=False)
-    add_config_arguments(parser)
-    return parser.parse_args(list(argv))
+from support.configs import parse_args
 
 
 def config_file(tmp_path: Path, text: str) -> Path:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from nvidia_device_plugin.config.loader import (
@@ -12,15 +10,10 @@ from nvidia_device_plugin.config.loader import (
     parse_config_text,
     parse_document_text,
 )
-from nvidia_device_plugin.config.v1 import HEALTH_EVENT_TYPES, Config
+from nvidia_device_plugin.config.v1 import HEALTH_EVENT_TYPES
 from nvidia_device_plugin.errors import ConfigError
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-def parse(text: str) -> Config:
-    return parse_config_text(text, "test.yaml")
-
+from support.configs import parse
 
 # --------------------------------------------------------------------------------------------------------
 # Errors: each bad input names the field path and the bad value

@@ -2,41 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.config.flags import add_config_arguments, overrides_from, parse_bool, resolve_config
+from nvidia_device_plugin.config.flags import overrides_from, parse_bool, resolve_config
 from nvidia_device_plugin.config.loader import Override
 from nvidia_device_plugin.config.options import CONFIG_OPTIONS
 from nvidia_device_plugin.errors import ConfigError
 
-FILE = """
-version: v1
-flags:
-  migStrategy: single
-  failOnInitError: false
-  nvidiaDriverRoot: /file/driver
-  plugin:
-    passDeviceSpecs: true
-    deviceListStrategy: volume-mounts
-    deviceIDStrategy: index
-"""
-
-
-def parse_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="nvidia-device-plugin", exit_on_error=False)
-    add_config_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-@pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "config.yaml"
-    path.write_text(FILE)
-    return path
-
+from support.configs import parse_args
 
 # --------------------------------------------------------------------------------------------------------
 # Precedence

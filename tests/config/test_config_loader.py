@@ -6,15 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.config.loader import load_config_file, parse_config_text
+from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config, ReplicatedDevices, ReplicatedResource, ResourcePattern
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-def parse(text: str) -> Config:
-    return parse_config_text(text, "test.yaml")
-
+from support.configs import CONFIGS, parse
 
 # --------------------------------------------------------------------------------------------------------
 # The example files in configs/

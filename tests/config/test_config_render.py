@@ -11,7 +11,8 @@ import yaml
 from nvidia_device_plugin.config.loader import load_config_file, parse_config
 from nvidia_device_plugin.config.render import config_document, config_json
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from support.configs import CONFIGS
+
 EXAMPLES = sorted(CONFIGS.glob("*.yaml"))
 
 

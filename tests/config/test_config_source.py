@@ -2,58 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.config.flags import add_config_arguments, config_source
+from nvidia_device_plugin.config.flags import config_source
 from nvidia_device_plugin.config.loader import Override, parse_config_text
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import ConfigOrigin
 from nvidia_device_plugin.errors import ConfigError
 
-FILE = """
-version: v1
-flags:
-  migStrategy: single
-  failOnInitError: false
-  nvidiaDriverRoot: /file/driver
-  plugin:
-    passDeviceSpecs: true
-    deviceListStrategy: volume-mounts
-    deviceIDStrategy: index
-"""
-
-
-def parse_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="nvidia-device-plugin", exit_on_error=False)
-    add_config_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-@pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "config.yaml"
-    path.write_text(FILE)
-    return path
-
+from support.configs import configmap_volume, parse_args
 
 # --------------------------------------------------------------------------------------------------------
 # Where the file comes from
 
 
 def configmap_dir(tmp_path: Path, files: dict[str, str]) -> Path:
-    """A ConfigMap volume as kubelet lays it out: keys are symlinks into ..data."""
-    mount = tmp_path / "configs"
-    data = mount / "..2026_12_02_10_00_00.000000001"
-    data.mkdir(parents=True)
-    for name, text in files.items():
-        (data / name).write_text(text)
-        (mount / name).symlink_to(Path("..data") / name)
-    (mount / "..data").symlink_to(data.name)
-    return mount
+    """The ConfigMap volume these tests mount at tmp_path/configs."""
+    return configmap_volume(tmp_path / "configs", files)
 
 
 def test_config_source_modes(tmp_path: Path) -> None:

@@ -7,13 +7,10 @@ default, is in test_nodefeature.py.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,34 +20,11 @@ from nvidia_device_plugin.cli.gfd import main as gfd_main
 from nvidia_device_plugin.cli.gfd_settings import GfdSettings, resolve_gfd_settings, with_gfd_env_aliases
 from nvidia_device_plugin.labels.nfd import DEFAULT_OUTPUT_FILE, parse_features
 
+from support.labels_file import read_labels
+from support.waiting import CHILD_GUARD_S, wait_for
+
 N = "nvidia.com/"
 FILE_OUTPUT = {"GFD_USE_NODE_FEATURE_API": "false"}
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The command configures logging for the process; later tests must get pytest's back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 15.0) -> None:
-    """Wait until `condition`; the cap only turns a hang into a failure, it is not what is tested."""
-    deadline = time.monotonic() + cap_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-def read_labels(path: Path) -> dict[str, str]:
-    try:
-        return parse_features(path.read_text())
-    except FileNotFoundError:
-        return {}
 
 
 def settings(argv: list[str], env: dict[str, str]) -> GfdSettings:
@@ -188,9 +162,15 @@ def test_gfd_daemon_relabels_and_removes_its_file_on_sigterm(tmp_path: Path) -> 
     argv = ["-o", str(out), "--sleep-interval", "50ms", "--simulate", "dgx-h100", "--machine-type-file", ""]
     gfd = Gfd(argv, {"GFD_SLEEP_INTERVAL": "1h"}, tmp_path / "err")  # the flag wins over the variable
     try:
-        wait_for(lambda: read_labels(out).get(N + "gpu.count") == "8", "the first pass")
+        wait_for(
+            lambda: read_labels(out).get(N + "gpu.count") == "8", "the first pass", timeout=CHILD_GUARD_S
+        )
         first = read_labels(out)[N + "gfd.timestamp"]
-        wait_for(lambda: read_labels(out).get(N + "gfd.timestamp", first) != first, "a second pass")
+        wait_for(
+            lambda: read_labels(out).get(N + "gfd.timestamp", first) != first,
+            "a second pass",
+            timeout=CHILD_GUARD_S,
+        )
     finally:
         gfd.stop()
     assert not out.exists()
@@ -205,20 +185,34 @@ def test_infinite_sleep_labels_once_sleeps_and_sighup_reloads_the_config(tmp_pat
     argv = ["-o", str(out), "--sleep-interval", "infinite", "--simulate", "t4-single", "--config-file"]
     gfd = Gfd([*argv, str(config)], {}, tmp_path / "err")
     try:
-        wait_for(lambda: read_labels(out).get(N + "gpu.replicas") == "1", "the one pass")
+        wait_for(
+            lambda: read_labels(out).get(N + "gpu.replicas") == "1", "the one pass", timeout=CHILD_GUARD_S
+        )
         assert gfd.proc.poll() is None  # labelled, and sleeping (it exited 1 here before)
         config.write_text(SHARING.format(4))
         gfd.proc.send_signal(signal.SIGHUP)  # as config-manager's sidecar does after switching the config
-        wait_for(lambda: read_labels(out).get(N + "gpu.replicas") == "4", "the relabel after SIGHUP")
+        wait_for(
+            lambda: read_labels(out).get(N + "gpu.replicas") == "4",
+            "the relabel after SIGHUP",
+            timeout=CHILD_GUARD_S,
+        )
         assert gfd.proc.poll() is None
         # A config that does not load is refused, and the one in use kept (GFD would exit here).
         config.write_text(SHARING.format(0))
         gfd.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "labelling with the configuration in use" in gfd.err(), "the refusal")
+        wait_for(
+            lambda: "labelling with the configuration in use" in gfd.err(),
+            "the refusal",
+            timeout=CHILD_GUARD_S,
+        )
         assert gfd.proc.poll() is None and read_labels(out)[N + "gpu.replicas"] == "4"
         config.write_text(SHARING.format(2))
         gfd.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: read_labels(out).get(N + "gpu.replicas") == "2", "the next good config")
+        wait_for(
+            lambda: read_labels(out).get(N + "gpu.replicas") == "2",
+            "the next good config",
+            timeout=CHILD_GUARD_S,
+        )
     finally:
         err = gfd.stop()
     assert "sleeping until a signal" in err

@@ -4,9 +4,6 @@ and the `labels` command as an operator runs it (`gpu-feature-discovery`: test_g
 from __future__ import annotations
 
 import json
-import logging
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,35 +17,11 @@ from nvidia_device_plugin.labels.writer import LabelsOptions
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
+from support.labels_file import read_labels
+from support.waiting import wait_for
 
 N = "nvidia.com/"
 HEALTHY = "nvdp.nvidia.com/gpu.healthy"
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The commands configure logging for the process; later tests must get pytest's back."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 10.0) -> None:
-    """Wait until `condition`; the cap only turns a hang into a failure, it is not what is tested."""
-    deadline = time.monotonic() + cap_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-def read_labels(path: Path) -> dict[str, str]:
-    try:
-        return parse_features(path.read_text())
-    except FileNotFoundError:
-        return {}
 
 
 def start(plugin_dir: Path, labels_file: Path, configs: list[Config], node: str = "dgx-a100") -> Daemon:

@@ -10,13 +10,11 @@ labels and `spec.features` empty, owned by the pod's DaemonSet (controller) and 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.session import open_nvml
 
 from support.fake_apiserver import NODE, FakeApiServer, write_kubeconfig
+from support.waiting import CHILD_GUARD_S, wait_for
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "nodefeature-v1alpha1.schema.json").read_text())
 NAMESPACE = "gpu-operator"
@@ -58,15 +57,6 @@ POD_OBJECT = {
     "metadata": {"name": POD, "namespace": NAMESPACE, "uid": "0f9e8d7c-1111-2222-3333-444455556666",
                  "ownerReferences": [DAEMONSET]},
 }  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.fixture
@@ -229,9 +219,17 @@ def test_a_daemon_run_logs_a_refusal_once_and_publishes_when_the_api_accepts(
         text=True,
     )  # fmt: skip
     try:
-        wait_for(lambda: [m for m, _ in fake.objects.requests].count("POST") >= 3, "three refused passes")
+        wait_for(
+            lambda: [m for m, _ in fake.objects.requests].count("POST") >= 3,
+            "three refused passes",
+            timeout=CHILD_GUARD_S,
+        )
         fake.objects.schemas["nodefeatures"] = SCHEMA  # the CRD fixed
-        wait_for(lambda: fake.objects.get(OBJECT) is not None, "the object after the refusals")
+        wait_for(
+            lambda: fake.objects.get(OBJECT) is not None,
+            "the object after the refusals",
+            timeout=CHILD_GUARD_S,
+        )
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -242,15 +240,6 @@ def test_a_daemon_run_logs_a_refusal_once_and_publishes_when_the_api_accepts(
     assert err.count("HTTP 422") == 1, err  # once per reason, not once per pass
     assert "labelling works again" in err
     assert fake.objects.get(OBJECT) is not None  # the object stays with its owners, not with the process
-
-
-def wait_for(condition: Callable[[], bool], what: str, cap_s: float = 15.0) -> None:
-    """Wait until `condition`; the cap only turns a hang into a failure, it is not what is tested."""
-    deadline = time.monotonic() + cap_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def test_without_nfds_crd_the_error_says_so(api: tuple[FakeApiServer, dict[str, str]]) -> None:

@@ -20,20 +20,10 @@ from nvidia_device_plugin.config.render import config_document
 from nvidia_device_plugin.daemon import Daemon
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 
+from support.configs import configmap_volume as configmap
 from support.daemon_support import GPU, start_daemon
 
 TS4 = "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}\n"
-
-
-def configmap(root: Path, files: dict[str, str]) -> Path:
-    """A ConfigMap mounted whole, as kubelet lays it out (keys are links into ..data)."""
-    data = root / "..2026_01_01"
-    data.mkdir(parents=True)
-    for name, text in files.items():
-        (data / name).write_text(text)
-        (root / name).symlink_to(Path("..data") / name)
-    (root / "..data").symlink_to(data.name)
-    return root
 
 
 @pytest.fixture
@@ -88,7 +78,7 @@ def test_every_reload_says_it_again(
 ) -> None:
     daemon, mount = started
     caplog.set_level(logging.INFO)
-    (mount / "..2026_01_01" / "default").write_text("version: v1\nflags: {migStrategy: none}\n")
+    (mount / "..data" / "default").write_text("version: v1\nflags: {migStrategy: none}\n")
     assert daemon.reload("SIGHUP")
     assert lines(caplog, "resources: ") == ["resources: nvidia.com/gpu: 8 devices (8 GPUs)"]
     assert len(lines(caplog, "config: --config-default 'default'")) == 1

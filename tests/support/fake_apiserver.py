@@ -23,7 +23,7 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 from support.fake_objects import ObjectStore, status
@@ -33,7 +33,49 @@ LABEL = "nvidia.com/device-plugin.config"
 CLOSE_STREAM = object()  # fed to the watch queue: end the current stream
 
 
-class FakeApiServer:
+class _JsonHandler(BaseHTTPRequestHandler):
+    """A quiet HTTP/1.1 handler that answers JSON with a Content-Length, as the API server answers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _send(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _LocalServer:
+    """An HTTP server on 127.0.0.1 (an ephemeral port) and its thread; as a context manager it serves
+    inside the block, and on exit sets `stopping` (for the handlers' loops), shuts down and joins."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], name: str) -> None:
+        self.stopping = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name=name)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+class FakeApiServer(_LocalServer):
     def __init__(self, labels: dict[str, str]) -> None:
         self.version = 100
         self.node: dict[str, Any] = {
@@ -47,15 +89,8 @@ class FakeApiServer:
         self.objects = ObjectStore()
         self.claims = ResourceClaims()
         self.feed: queue.Queue[object] = queue.Queue()
-        self.stopping = threading.Event()
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="fake-apiserver")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        super().__init__(self._handler(), "fake-apiserver")
 
     def set_label(self, value: str | None, announce: bool = True) -> None:
         """Change the node; `announce` sends the MODIFIED event to the watch (False: the event is lost)."""
@@ -95,12 +130,7 @@ class FakeApiServer:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
+        class Handler(_JsonHandler):
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
                 if (answer := fake.claims.answer(url.path)) is not None:
@@ -139,14 +169,6 @@ class FakeApiServer:
                     body = None
                 self._send(*fake.objects.answer(method, urlsplit(self.path).path, body))
 
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
             def _client_gone(self) -> bool:
                 readable, _, _ = select.select([self.connection], [], [], 0)
                 if not readable:
@@ -181,16 +203,6 @@ class FakeApiServer:
                     self.wfile.write(b"0\r\n\r\n")
 
         return Handler
-
-    def __enter__(self) -> FakeApiServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stopping.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
 
 
 class ResourceClaims:
@@ -253,7 +265,7 @@ def write_kubeconfig(path: Path, server_url: str) -> Path:
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
 
-class FakeResourceSliceApi:
+class FakeResourceSliceApi(_LocalServer):
     """A stand-in API server (127.0.0.1) for ResourceSlices and the one Node they belong to, over real
     HTTP: list (with the fieldSelector the publisher sends), create (generateName), update (optimistic
     concurrency on resourceVersion), delete (uid/resourceVersion preconditions), get node. Every write is
@@ -269,13 +281,7 @@ class FakeResourceSliceApi:
         self.lock = threading.Lock()
         self._version = 1000
         self._failures: list[int] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="fake-slices-api")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        super().__init__(self._handler(), "fake-slices-api")
 
     def fail_next(self, count: int, code: int = 500) -> None:
         with self.lock:
@@ -367,23 +373,12 @@ class FakeResourceSliceApi:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
+        class Handler(_JsonHandler):
             def _answer(self, method: str) -> None:
                 url = urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
-                code, answer = fake.handle(method, url.path, parse_qs(url.query), body)
-                data = json.dumps(answer).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._send(*fake.handle(method, url.path, parse_qs(url.query), body))
 
             def do_GET(self) -> None:
                 self._answer("GET")
@@ -398,15 +393,6 @@ class FakeResourceSliceApi:
                 self._answer("DELETE")
 
         return Handler
-
-    def __enter__(self) -> FakeResourceSliceApi:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
 
 
 def _field(obj: dict[str, Any], dotted: str) -> object:

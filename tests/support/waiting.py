@@ -9,6 +9,8 @@ from collections.abc import Callable
 import pytest
 
 HANG_GUARD_S = 10.0
+# For a wait on a child process, which first imports the package and starts the simulator on busy cores.
+CHILD_GUARD_S = 15.0
 
 
 def eventually(condition: Callable[[], bool], timeout: float = HANG_GUARD_S, poll_s: float = 0.005) -> bool:
