@@ -107,8 +107,9 @@ class Node:
         return next(log.read_text() for p, log in self.processes if p is process)
 
     def plugin_gpus(self) -> set[str]:
-        """The GPUs the device plugin advertises to kubelet now."""
-        if GPU not in self.kubelet.resources():
+        """The GPUs the device plugin lists to kubelet now, through its current stream: none before that
+        stream's first message (what kubelet kept of an earlier process does not count)."""
+        if not self.kubelet.connected(GPU) or self.kubelet.plugin(GPU).updates == 0:
             return set()
         return {physical_uuid_of(i) for i in self.kubelet.devices(GPU)}
 
@@ -144,7 +145,8 @@ def node(plugin_dir: Path, kubelet: KubeletStandIn) -> Iterator[Node]:
     # clears the device-plugin directory of sockets it does not know when it starts.
     (plugin_dir / "pod-resources").mkdir()
     pods = PodResourcesStandIn(plugin_dir / "pod-resources" / "kubelet.sock")
-    with DraApiServer() as api, pods, DraKubeletStandIn(plugin_dir / "plugins_registry") as dra:
+    api = DraApiServer()
+    with api, pods, DraKubeletStandIn(plugin_dir / "plugins_registry") as dra:
         setup = Node(plugin_dir, kubelet, dra, api, pods)
         try:
             yield setup
@@ -173,7 +175,7 @@ def test_the_daemon_registers_publishes_its_dra_gpus_and_prepares_claims_idempot
     wait_for(lambda: node.served(dra={0, 1}, plugin={2, 3, 4, 5, 6, 7}), "GPU 1 in DRA once free")
     (only,) = node.api.current()
     assert only["spec"]["nodeName"] == NODE and only["spec"]["pool"]["name"] == NODE
-    assert only["metadata"]["ownerReferences"][0]["uid"] == node.api.node["metadata"]["uid"]
+    assert only["metadata"]["ownerReferences"][0]["uid"] == "node-uid-1"  # the Node's, read from the API
     validate_objects([only])
 
     node.api.claims.put(resource_claim(UID, results=[("gpu", "gpu-1")]))
