@@ -155,7 +155,7 @@ def node(plugin_dir: Path, kubelet: KubeletStandIn) -> Iterator[Node]:
                 if process.poll() is None:
                     process.kill()
                     process.wait(30)
-                    print(log.read_text())  # shown by pytest when the test failed
+                print(f"---- {log.name} (exit {process.returncode})\n{log.read_text()}")  # shown on failure
 
 
 def test_the_daemon_registers_publishes_its_dra_gpus_and_prepares_claims_idempotently(node: Node) -> None:
