@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_HANDOVER_INTERVAL_S = 1.0  # as dra.mode.POLL_INTERVAL_S (not imported: `--help` stays light)
 
 
 def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
@@ -63,6 +64,25 @@ def add_run_arguments(run: argparse.ArgumentParser, environ: Mapping[str, str]) 
         help="kubelet's plugin registration directory "
         f"(default {DEFAULT_REGISTRY_DIR}) [env NVDP_KUBELET_REGISTRY_DIR]",
     )
+    group.add_argument(
+        "--dra-handover-interval",
+        type=_handover_seconds,
+        default=env_value(environ, "NVDP_DRA_HANDOVER_INTERVAL", str(DEFAULT_HANDOVER_INTERVAL_S)),
+        metavar="SECONDS",
+        help="while a GPU moves between the device plugin and DRA, how long between two readings of "
+        f"pod-resources (a GPU moves after two that find it free; default {DEFAULT_HANDOVER_INTERVAL_S:g}) "
+        "[env NVDP_DRA_HANDOVER_INTERVAL]",
+    )
+
+
+def _handover_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 60], got {text!r}")
+    return value
 
 
 def write_dra_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -108,6 +128,7 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
         kubelet_plugins_dir=Path(args.kubelet_plugins_dir),
         kubelet_registry_dir=Path(args.kubelet_registry_dir),
         api_client=api_client,
+        poll_interval_s=args.dra_handover_interval,
     )
 
 

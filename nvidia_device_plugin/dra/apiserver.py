@@ -45,17 +45,30 @@ class KubeSliceApi:
         from kubernetes import client
 
         self._objects = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
+        self._api_client = api_client
         self._client = client
 
     def node_uid(self, node: str) -> str:
+        # The one core-group call, made through the ApiClient as the generated CoreV1Api.read_node makes
+        # it: importing CoreV1Api and its models would cost every DRA-mode start about half a second.
+        api = self._api_client
         try:
-            meta = self._core.read_node(node, _request_timeout=TIMEOUT_S).metadata
-            return str(meta.uid or "") if meta is not None else ""
+            request = api.param_serialize(
+                method="GET",
+                resource_path="/api/v1/nodes/{name}",
+                path_params={"name": node},
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            response = api.call_api(*request, _request_timeout=TIMEOUT_S)
+            response.read()
+            answer = api.response_deserialize(response, {"200": "object"}).data
         except Exception as exc:
             raise SliceApiError(
                 f"reading node {node} (for the slices' owner) failed: {_describe(exc)}"
             ) from exc
+        meta = _mapping(answer).get("metadata")
+        return str(meta.get("uid") or "") if isinstance(meta, dict) else ""
 
     def list(self, node: str) -> list[Json]:
         selector = f"spec.nodeName={node},spec.driver={DRIVER_NAME}"
