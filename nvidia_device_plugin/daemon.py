@@ -37,9 +37,10 @@ from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import (
     HealthRegistry,
-    follow_rediscovery,
+    bring_back_rediscovered,
     health_dependencies,
     mark_lost_at_start_up,
+    mark_lost_on_reload,
 )
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.logs import FailureLog, RateLimitedLog
@@ -251,8 +252,9 @@ class Daemon(DraWiring):
             log.info("CDI specs can be made again; serving resources")
         self._cdi_retrying = None
         self._announce(snapshot, old)
-        follow_rediscovery(self.registry, snapshot.inventory)
+        mark_lost_on_reload(self.registry, snapshot.inventory)
         self._serve(snapshot)
+        bring_back_rediscovered(self.registry, snapshot.inventory)
         if snapshot.config.health != old.config.health or snapshot.inventory != old.inventory:
             self._watch_health(snapshot)
 

@@ -133,17 +133,25 @@ def mark_lost_at_start_up(registry: HealthRegistry, inventory: Inventory) -> Non
             registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, reason=REASON_LOST_AT_START_UP))
 
 
-def follow_rediscovery(registry: HealthRegistry, inventory: Inventory) -> None:
-    """On a reload: mark the GPUs discovery found lost now (as lost: this is no start-up), and bring back
-    those lost at start-up that it read whole this time.
-
-    A GPU that was unreadable when the plugin started has served nothing yet, and a plugin restart would
-    serve it Healthy once it reads: a reload that reads it whole does the same, health.recovery or not.
-    A GPU lost while it was served stays under the health monitor's rules.
-    """
-    unhealthy = registry.unhealthy()
+def mark_lost_on_reload(registry: HealthRegistry, inventory: Inventory) -> None:
+    """On a reload, before the new snapshot is served: the GPUs discovery found lost now (as lost: this
+    is no start-up), so that no server of the new snapshot shows one Healthy for a moment."""
     for gpu in inventory.gpus:
         if gpu.lost:
             registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, reason=REASON_LOST))
-        elif unhealthy.get(gpu.uuid) == REASON_LOST_AT_START_UP:
+
+
+def bring_back_rediscovered(registry: HealthRegistry, inventory: Inventory) -> None:
+    """On a reload, once the new snapshot is served: the GPUs lost at start-up that discovery read whole
+    this time turn Healthy.
+
+    A GPU that was unreadable when the plugin started has served nothing yet, and a plugin restart would
+    serve it Healthy once it reads: a reload that reads it whole does the same, health.recovery or not.
+    A GPU lost while it was served stays under the health monitor's rules. Only after serving: marked
+    earlier, kubelet saw the GPU Healthy while the old snapshot (which knew none of its facts, its memory
+    for the MPS limits among them) still answered Allocate.
+    """
+    unhealthy = registry.unhealthy()
+    for gpu in inventory.gpus:
+        if not gpu.lost and unhealthy.get(gpu.uuid) == REASON_LOST_AT_START_UP:
             registry.mark(HealthChange(uuid=gpu.uuid, healthy=True, reason="re-discovered: read whole again"))
