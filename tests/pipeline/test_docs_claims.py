@@ -133,6 +133,7 @@ def mps_daemon(tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn) -> Ite
         path = status_path(str(mps_root), GPU, gpu.uuid)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_status(path, GpuMpsStatus(ready=True, reason="running", pid=1))
+    assert kubelet.wait_for_resources([GPU])  # all() of no devices yet would pass at once
     assert kubelet.wait_for(lambda: all(d.health == "Healthy" for d in kubelet.devices(GPU).values()))
     yield daemon
     daemon.stop()
