@@ -126,3 +126,18 @@ def add_common_arguments(
 def config_loader(args: argparse.Namespace, environ: Mapping[str, str]) -> Callable[[], Config]:
     """Resolves file + env + flags afresh on each call (a reload reads the file again)."""
     return lambda: resolve_config(args, environ)
+
+
+def seconds_up_to(most: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds in (0, most]; anything else is refused naming the range."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value <= most:
+            raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, {most:g}], got {text!r}")
+        return value
+
+    return seconds

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, env_value
+from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, env_value, seconds_up_to
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.dra.mode import DraOptions
@@ -66,23 +66,13 @@ def add_run_arguments(run: argparse.ArgumentParser, environ: Mapping[str, str]) 
     )
     group.add_argument(
         "--dra-handover-interval",
-        type=_handover_seconds,
+        type=seconds_up_to(60),
         default=env_value(environ, "NVDP_DRA_HANDOVER_INTERVAL", str(DEFAULT_HANDOVER_INTERVAL_S)),
         metavar="SECONDS",
         help="while a GPU moves between the device plugin and DRA, how long between two readings of "
         f"pod-resources (a GPU moves after two that find it free; default {DEFAULT_HANDOVER_INTERVAL_S:g}) "
         "[env NVDP_DRA_HANDOVER_INTERVAL]",
     )
-
-
-def _handover_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 60:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 60], got {text!r}")
-    return value
 
 
 def write_dra_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

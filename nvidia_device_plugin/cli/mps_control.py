@@ -9,7 +9,13 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, config_loader, env_value
+from nvidia_device_plugin.cli.common import (
+    AddParser,
+    add_common_arguments,
+    config_loader,
+    env_value,
+    seconds_up_to,
+)
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -31,7 +37,7 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
     )
     parser.add_argument(
         "--mps-quit-timeout",
-        type=_seconds,
+        type=seconds_up_to(3600),
         default=env_value(environ, "NVDP_MPS_QUIT_TIMEOUT", str(QUIT_TIMEOUT_S)),
         metavar="SECONDS",
         help=f"how long the `quit`s of one config change, and the exits of their daemons, may take in all "
@@ -39,16 +45,6 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
         "[env NVDP_MPS_QUIT_TIMEOUT]",
     )
     parser.set_defaults(handler=run)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds in (0, 3600], got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

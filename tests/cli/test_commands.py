@@ -52,3 +52,29 @@ def test_version_and_help() -> None:
     proc = run_cli("--help")
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and all(c in output for c in ("run", "demo", "plan", "check-config"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (["mps-control-daemon", "--mps-quit-timeout", "0"], "in (0, 3600], got '0'"),
+        (["mps-control-daemon", "--mps-quit-timeout", "soon"], "in (0, 3600], got 'soon'"),
+        (["run", "--dra-handover-interval", "61"], "in (0, 60], got '61'"),
+        (["run", "--dra-handover-interval", "-1"], "in (0, 60], got '-1'"),
+    ],
+)
+def test_second_flags_refuse_what_is_out_of_their_range(
+    argv: list[str], refusal: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser({}).parse_args(argv)
+    assert exit_.value.code == 2
+    assert f"must be a number of seconds {refusal}" in capsys.readouterr().err
+
+
+def test_second_flags_take_a_number_in_range() -> None:
+    assert (
+        build_parser({}).parse_args(["mps-control-daemon", "--mps-quit-timeout", "2.5"]).mps_quit_timeout
+        == 2.5
+    )
+    assert build_parser({}).parse_args(["run", "--dra-handover-interval", "60"]).dra_handover_interval == 60.0
