@@ -6,6 +6,7 @@ by creating new entries, which a watch on the old file would never see.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,19 @@ from pathlib import Path
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
+
+# watchdog 7's emitter logs this at ERROR when its read returns after its own stop (ours, or its
+# directory's deletion, which `watching` notices) closed the inotify queue; the emitter just returns.
+# Said at nearly every stop of a daemon with a config watch, it is no one's error to act on.
+_STOP_RACE = "InotifyEmitter.queue_events() called when the thread is inactive"
+
+
+class _WithoutStopRace(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != _STOP_RACE
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_WithoutStopRace())
 
 
 def watch_directories(

@@ -306,3 +306,13 @@ def test_fingerprint_tracks_path_and_content(tmp_path: Path) -> None:
     assert fingerprint(ConfigSource()) is None
     missing = fingerprint(ConfigSource.from_directory(tmp_path, name="x", default_name="y"))
     assert missing is not None and missing[0] == "<unresolved>" and "neither" in missing[1]
+
+
+def test_watchdogs_own_stop_race_is_not_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    import nvidia_device_plugin.fswatch  # noqa: F401  # installs the filter
+
+    inotify_log = logging.getLogger("watchdog.observers.inotify")
+    with caplog.at_level(logging.ERROR, logger="watchdog.observers.inotify"):
+        inotify_log.error("InotifyEmitter.queue_events() called when the thread is inactive")
+        inotify_log.error("a real inotify failure")
+    assert [r.getMessage() for r in caplog.records] == ["a real inotify failure"]
