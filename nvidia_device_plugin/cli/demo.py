@@ -95,22 +95,24 @@ def run_demo(
     mps: MpsControlDaemon | None = None
     try:
         with KubeletStandIn(plugin_dir) as kubelet:
-            # As on a node, the MPS control daemons come first; the plugin then finds them ready.
-            if demo_config().sharing.strategy == "mps" and node.open_mps_nvml is not None:
-                mps = _start_mps(demo_config, node.open_mps_nvml, root)
-            options = DaemonOptions(
-                plugin_dir, demo_config, node.open_nvml, mps_poll_interval_s=_MPS_INTERVAL_S
-            )
-            daemon = Daemon(options)
-            daemon.start()
-            snapshot = daemon.snapshot
-            assert snapshot is not None  # start() raises when it cannot serve
-            return _show(node.name, snapshot, kubelet, plugin_dir, out, pod_devices)
+            try:
+                # As on a node, the MPS control daemons come first; the plugin then finds them ready.
+                if demo_config().sharing.strategy == "mps" and node.open_mps_nvml is not None:
+                    mps = _start_mps(demo_config, node.open_mps_nvml, root)
+                options = DaemonOptions(
+                    plugin_dir, demo_config, node.open_nvml, mps_poll_interval_s=_MPS_INTERVAL_S
+                )
+                daemon = Daemon(options)
+                daemon.start()
+                snapshot = daemon.snapshot
+                assert snapshot is not None  # start() raises when it cannot serve
+                return _show(node.name, snapshot, kubelet, plugin_dir, out, pod_devices)
+            finally:  # while the kubelet stand-in still runs: the plugin's stop ends its streams, not kubelet
+                if daemon is not None:
+                    daemon.stop()
+                if mps is not None:
+                    mps.stop()
     finally:
-        if mps is not None:
-            mps.stop()
-        if daemon is not None:
-            daemon.stop()
         stop_servers(mps_root)
         shutil.rmtree(root, ignore_errors=True)
 

@@ -7,6 +7,7 @@ demo's stand-in control program.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -111,3 +112,17 @@ def test_the_demo_leaves_nothing_behind(capsys: pytest.CaptureFixture[str]) -> N
     root = re.search(r"Kubelet stand-in in (\S+)/kubelet", output)
     assert root is not None and not os.path.exists(root.group(1))
     assert eventually(lambda: demo_processes(output) == []), demo_processes(output)
+
+
+def test_the_demo_stops_the_plugin_before_its_kubelet(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Stopped after the kubelet stand-in, the plugin saw kubelet's stream end and warned that it would
+    # register again: the last lines a new user saw were a WARNING.
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin")
+    rc, _ = demo(capsys)
+    assert rc == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert "stopped" in messages
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in messages if "registering nvidia.com/gpu again" in m]
