@@ -49,6 +49,7 @@ _MAX_FORMATS = 16  # cached renders (negotiate leaves about a dozen formats)
 _SHUTDOWN_POLL_S = 0.1
 _PROBE_PATHS = ("/healthz", "/readyz")
 _SCRAPES_BOUND, _PROBES_BOUND = f"{MAX_SCRAPES} scrapes", f"{MAX_PROBES} probes"  # named in 503 answers
+_SLOTS = {_SCRAPES_BOUND: MAX_SCRAPES, _PROBES_BOUND: MAX_PROBES}
 
 RenderMetrics = Callable[[str], tuple[bytes, str]]  # Accept header -> (body, content type)
 Negotiate = Callable[[str], str]  # Accept header -> the format it asks for, as an Accept header
@@ -135,21 +136,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             log.debug("http: a client sent no complete request head in time; closed")
             return
         self.rfile = io.BytesIO(head)  # GET and HEAD carry no body; one request per connection
-        path = _path_of(head)
-        slots, what = server.bound_of(path)
-        if not slots.acquire(blocking=False):
-            server.refused += 1
+        what = server.bound_of(_path_of(head))
+        if not server.take_slot(what):
             self.busy = f"busy: {what} already being answered; try again\n"
             self.handle_one_request()
             return
-        with server.lock:
-            server.answering[what] += 1
         try:
             self.handle_one_request()
         finally:
-            with server.lock:
-                server.answering[what] -= 1
-            slots.release()
+            server.give_slot(what)
 
     def do_GET(self) -> None:
         self._answer(send_body=True)
@@ -216,28 +211,39 @@ class _Server(http.server.ThreadingHTTPServer):
     request_queue_size = 4 * MAX_PENDING
 
     def __init__(self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler]) -> None:
-        self._scrapes = threading.BoundedSemaphore(MAX_SCRAPES)
-        self._probes = threading.BoundedSemaphore(MAX_PROBES)
         self.lock = threading.Lock()
         # Connections still sending their head, oldest first (by id: a socket is not hashable by value).
         self._pending: collections.OrderedDict[int, socket.socket] = collections.OrderedDict()
         self.refused = 0
-        self.answering = collections.Counter[str]()  # requests holding a slot, by bound ("16 scrapes")
+        self.answering = collections.Counter[str]()  # requests holding a slot, by bound (_SLOTS)
         super().__init__(address, handler)
 
-    def bound_of(self, path: str) -> tuple[threading.BoundedSemaphore, str]:
-        if path in _PROBE_PATHS:
-            return self._probes, _PROBES_BOUND
-        return self._scrapes, _SCRAPES_BOUND
+    @staticmethod
+    def bound_of(path: str) -> str:
+        return _PROBES_BOUND if path in _PROBE_PATHS else _SCRAPES_BOUND
+
+    def take_slot(self, bound: str) -> bool:
+        """One of `bound`'s slots for a request; False (counted as refused) when all are taken."""
+        with self.lock:
+            if self.answering[bound] >= _SLOTS[bound]:
+                self.refused += 1
+                return False
+            self.answering[bound] += 1
+            return True
+
+    def give_slot(self, bound: str) -> None:
+        with self.lock:
+            self.answering[bound] -= 1
 
     def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client: object) -> None:
         assert isinstance(request, socket.socket)
         with self.lock:
             self._pending[id(request)] = request
             oldest = self._pending.popitem(last=False)[1] if len(self._pending) > MAX_PENDING else None
+            if oldest is not None:
+                self.refused += 1
         if oldest is not None:
             # The connection that waited longest for its own head goes: a fresh probe always gets in.
-            self.refused += 1
             with contextlib.suppress(OSError):
                 oldest.shutdown(socket.SHUT_RDWR)
         super().process_request(request, client)
