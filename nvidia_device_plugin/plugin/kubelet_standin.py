@@ -51,6 +51,19 @@ CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 DIAL_TIMEOUT_S = 10.0  # kubelet's dial timeout towards a plugin's socket
 
 
+def wait_under(changed: threading.Condition, predicate: Callable[[], bool], timeout: float) -> bool:
+    """Wait until predicate() holds, evaluated under `changed` at each notify and at least every 0.1 s
+    (a predicate may read state that changes without a notify); False after `timeout`."""
+    deadline = time.monotonic() + timeout
+    with changed:
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            changed.wait(timeout=min(left, 0.1))
+        return True
+
+
 @dataclass
 class PluginEndpoint:
     """One registration: kubelet's client of the plugin's socket, and the endpoint made from it."""
@@ -335,14 +348,7 @@ class KubeletStandIn:
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Wait until predicate() (evaluated under the stand-in's lock) holds; False on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(timeout=min(left, 0.1))
-            return True
+        return wait_under(self._changed, predicate, timeout)
 
     def wait_for_resources(self, names: Sequence[str], timeout: float = 10.0) -> bool:
         """Wait until every resource is connected and has sent its device list."""

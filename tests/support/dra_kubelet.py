@@ -24,7 +24,6 @@ import stat
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +49,7 @@ from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, mig_device_name, whole_gpus
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
+from nvidia_device_plugin.plugin.kubelet_standin import wait_under
 from nvidia_device_plugin.snapshot import build_snapshot
 
 from support.fake_apiserver import FakeApiServer
@@ -215,14 +215,7 @@ class DraKubeletStandIn:
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Wait until predicate() holds (evaluated under the stand-in's lock); False after `timeout`."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(min(left, 0.1))
-            return True
+        return wait_under(self._changed, predicate, timeout)
 
     def driver(self, name: str = DRIVER_NAME, timeout: float = 10.0) -> RegisteredDriver:
         """The registered driver `name`, waiting for its registration."""
