@@ -19,13 +19,14 @@ shape is the same for all of them, so a reader checks it once:
 `WorkerGroup` is the one list of what a daemon owns: started in order, stopped in reverse order (kopf's
 spawn_tasks is the model), so a daemon's start and stop read as one line each. Besides Workers it holds
 anything started and stopped the same way (`Lifecycle`: the plugin manager, which owns the registrar and
-the gRPC servers).
+the gRPC servers). `wait_under` is the one wait on a condition that also polls (the kubelet stand-ins).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -226,3 +227,16 @@ class WorkerGroup:
 
 def _name(part: Lifecycle) -> str:
     return part.name if isinstance(part, Worker) else type(part).__name__
+
+
+def wait_under(changed: threading.Condition, predicate: Callable[[], bool], timeout: float) -> bool:
+    """Wait until predicate() holds, evaluated under `changed` at each notify and at least every 0.1 s
+    (a predicate may read state that changes without a notify); False after `timeout`."""
+    deadline = time.monotonic() + timeout
+    with changed:
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            changed.wait(timeout=min(left, 0.1))
+        return True

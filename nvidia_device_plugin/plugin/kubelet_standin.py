@@ -43,25 +43,12 @@ from nvidia_device_plugin.plugin.kubelet_devices import (
     rpc_failure,
     unexpected,
 )
-from nvidia_device_plugin.workers import Worker
+from nvidia_device_plugin.workers import Worker, wait_under
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 DIAL_TIMEOUT_S = 10.0  # kubelet's dial timeout towards a plugin's socket
-
-
-def wait_under(changed: threading.Condition, predicate: Callable[[], bool], timeout: float) -> bool:
-    """Wait until predicate() holds, evaluated under `changed` at each notify and at least every 0.1 s
-    (a predicate may read state that changes without a notify); False after `timeout`."""
-    deadline = time.monotonic() + timeout
-    with changed:
-        while not predicate():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            changed.wait(timeout=min(left, 0.1))
-        return True
 
 
 @dataclass

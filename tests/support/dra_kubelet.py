@@ -49,8 +49,8 @@ from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, mig_device_name, whole_gpus
 from nvidia_device_plugin.fswatch import stop_watching, watch_directories
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import wait_under
 from nvidia_device_plugin.snapshot import build_snapshot
+from nvidia_device_plugin.workers import wait_under
 
 from support.fake_apiserver import FakeApiServer
 
