@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.namespaces import pid_namespace_prefix
 from support.waiting import wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
@@ -141,16 +142,6 @@ def test_a_stop_signal_ends_the_sidecar_quietly_killed_by_that_signal(
     assert _target(tmp_path) == str(tmp_path / "available-configs" / "a"), "the link stays"
 
 
-def _pid_namespace_prefix() -> list[str]:
-    prefix = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
-    if os.geteuid() != 0:
-        prefix[1:1] = ["--user", "--map-root-user"]
-    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"no PID namespace here (unshare: {probe.stderr.strip()})")
-    return prefix
-
-
 def _only_child(pid: int) -> int | None:
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return int(children[0]) if len(children) == 1 else None
@@ -161,7 +152,7 @@ def test_as_pid_1_of_its_container_sigterm_gives_exit_status_143(
 ) -> None:
     """A pod without shareProcessNamespace (this chart's) makes config-manager PID 1 of its container, and
     the kernel drops a default-action signal PID 1 sends itself: the status is then 143 by exit code."""
-    prefix = _pid_namespace_prefix()
+    prefix = pid_namespace_prefix("here")
     with FakeApiServer({LABEL: "a"}) as server:
         env = _environment(tmp_path, server, ["a"], SEND_SIGNAL="false")
         unshare = _start(processes, [*prefix, COMMAND], env)

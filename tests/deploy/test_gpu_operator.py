@@ -43,6 +43,7 @@ from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing.readiness import status_path
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.namespaces import pid_namespace_prefix
 from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,13 +166,7 @@ def test_config_manager_init_links_the_config_with_the_operators_env(
 @pytest.fixture
 def pid_namespace() -> Iterator[list[str]]:
     """The prefix that runs a command as PID 1 of a new PID namespace with its own /proc."""
-    prefix = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
-    if os.geteuid() != 0:
-        prefix[1:1] = ["--user", "--map-root-user"]
-    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"no PID namespace for the Operator's pod (unshare: {probe.stderr.strip()})")
-    yield prefix
+    yield pid_namespace_prefix("for the Operator's pod")
 
 
 def _pod_script(root: Path, kubeconfig: Path) -> tuple[str, dict[str, str]]:
