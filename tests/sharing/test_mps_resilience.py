@@ -21,14 +21,13 @@ import pytest
 
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
-from nvidia_device_plugin.nvml.session import open_nvml
+from nvidia_device_plugin.mps_control import MpsControlDaemon
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing import mps_daemon
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, read_status
 
 from support.daemon_support import GPU, start_daemon
-from support.fake_mps import install_fake_control, kill_fake_daemons, lines
+from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon
 from support.waiting import eventually, wait_for
 
 NODE = "pcie-nvlink-pairs"  # 4 GPUs
@@ -52,18 +51,7 @@ class Node:
         return parse_config_text(_config_text(self.mps_root))
 
     def control_daemon(self) -> MpsControlDaemon:
-        daemon = MpsControlDaemon(
-            ControlDaemonOptions(
-                load_config=self.config,
-                open_nvml=lambda: open_nvml(NODE),
-                control_path=self.control,
-                check_interval_s=0.02,
-                backoff_initial_s=0.02,
-                backoff_max_s=0.1,
-            )
-        )
-        daemon.start()
-        return daemon
+        return started_control_daemon(self.config, NODE, self.control)
 
     def gpu_dir(self, gpu: str) -> Path:
         return self.mps_root / GPU / gpu

@@ -22,14 +22,13 @@ from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
-from nvidia_device_plugin.nvml.session import open_nvml
+from nvidia_device_plugin.mps_control import MpsControlDaemon
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing import mps_daemon
 from nvidia_device_plugin.sharing.readiness import read_status, status_path
 
 from support.daemon_support import GPU, start_daemon
-from support.fake_mps import install_fake_control, kill_fake_daemons, lines
+from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon
 from support.waiting import wait_for
 
 NODE = "pcie-nvlink-pairs"  # 4 GPUs
@@ -54,18 +53,7 @@ class Setup:
         return parse_config_text(text)
 
     def control_daemon(self, control_path: str | None = None) -> MpsControlDaemon:
-        daemon = MpsControlDaemon(
-            ControlDaemonOptions(
-                load_config=self.config,
-                open_nvml=lambda: open_nvml(NODE),
-                control_path=control_path or self.control,
-                check_interval_s=0.02,
-                backoff_initial_s=0.02,
-                backoff_max_s=0.1,
-            )
-        )
-        daemon.start()
-        return daemon
+        return started_control_daemon(self.config, NODE, control_path or self.control)
 
     def plugin(self, plugin_dir: Path) -> Daemon:
         return start_daemon(plugin_dir, NODE, self.config, mps_poll_interval_s=0.02)

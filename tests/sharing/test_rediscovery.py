@@ -18,13 +18,12 @@ from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemon import Daemon, DaemonOptions
 from nvidia_device_plugin.labels.writer import LabelsOptions
-from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing.readiness import read_status, status_path
 
 from support.daemon_support import GPU
-from support.fake_mps import install_fake_control, kill_fake_daemons, lines
+from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon
 from support.waiting import wait_for
 
 NODE = "pcie-nvlink-pairs"  # 4 x A100 PCIe 40 GB, NVLink bridges 0-1 and 2-3, NUMA 0, 0, 1, 1
@@ -57,18 +56,9 @@ def test_a_gpu_lost_at_start_that_reads_again_is_rediscovered_by_both_daemons(
     def config() -> Config:
         return parse_config_text(text)
 
-    control = MpsControlDaemon(
-        ControlDaemonOptions(
-            load_config=config,
-            open_nvml=_lost_gpu_3,
-            control_path=install_fake_control(root),
-            check_interval_s=0.02,
-            backoff_initial_s=0.02,
-            backoff_max_s=0.1,
-            rediscovery_interval_s=REDISCOVERY_S,
-        )
+    control = started_control_daemon(
+        config, _lost_gpu_3, install_fake_control(root), rediscovery_interval_s=REDISCOVERY_S
     )
-    control.start()
     labels = root / "labels"
     plugin = Daemon(
         DaemonOptions(

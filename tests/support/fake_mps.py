@@ -17,7 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.config.v1 import Config
+    from nvidia_device_plugin.mps_control import MpsControlDaemon
+    from nvidia_device_plugin.nvml.session import NvmlSession
 
 FAKE_CONTROL = """#!/bin/bash
 set -u
@@ -78,3 +85,23 @@ def kill_fake_daemons(root: Path) -> None:
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def started_control_daemon(
+    load_config: Callable[[], Config],
+    node: str | Callable[[], NvmlSession],
+    control_path: str,
+    **options: Any,
+) -> MpsControlDaemon:
+    """`mps-control-daemon` on the simulated `node` (a preset's name, or an opener of NVML), started,
+    checking and backing off at test pace."""
+    from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
+    from nvidia_device_plugin.nvml.session import open_nvml
+
+    opener = (lambda: open_nvml(node)) if isinstance(node, str) else node
+    paced = {"check_interval_s": 0.02, "backoff_initial_s": 0.02, "backoff_max_s": 0.1, **options}
+    daemon = MpsControlDaemon(
+        ControlDaemonOptions(load_config=load_config, open_nvml=opener, control_path=control_path, **paced)
+    )
+    daemon.start()
+    return daemon
