@@ -31,7 +31,8 @@ from nvidia_device_plugin.plugin.registrar import (
     waiting_for_kubelet,
 )
 from nvidia_device_plugin.plugin.registration import REGISTER_TIMEOUT_SECONDS
-from nvidia_device_plugin.plugin.server import BindError, ResourceBackend, ResourceServer
+from nvidia_device_plugin.plugin.server import ResourceBackend, ResourceServer
+from nvidia_device_plugin.plugin.unix_server import BindError
 
 log = logging.getLogger(__name__)
 

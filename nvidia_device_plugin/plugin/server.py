@@ -10,13 +10,9 @@ kept by streams.py.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -25,10 +21,11 @@ import grpc
 from google.protobuf.message import Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
-from nvidia_device_plugin.errors import AllocationError, DevicePluginError
+from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.plugin import protocol
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, CallError, CallMethod, PluginEvents
 from nvidia_device_plugin.plugin.streams import StreamSet
+from nvidia_device_plugin.plugin.unix_server import UnixServer
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +48,6 @@ def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[: limit - 40]}... ({len(text)} characters in all)"
-
-
-class BindError(DevicePluginError):
-    """The server cannot listen on its socket path; the message names the path and why."""
 
 
 @dataclass(frozen=True)
@@ -83,33 +76,6 @@ def device_message(state: DeviceState) -> pb.Device:
     return device
 
 
-def clear_socket_path(path: Path) -> None:
-    """Make room for the socket: a stale socket or file is removed, so is an empty directory.
-
-    A non-empty directory is someone's data, never ours to delete: BindError, and the caller retries.
-    """
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise BindError(f"cannot inspect {path}: {exc.strerror or exc}") from None
-    try:
-        if stat.S_ISDIR(mode):
-            path.rmdir()
-            log.warning("removed the empty directory %s, which stood where the socket must go", path)
-        else:
-            path.unlink(missing_ok=True)
-    except FileNotFoundError:
-        return  # removed by someone else meanwhile: the room is made
-    except OSError as exc:
-        what = "a directory" if stat.S_ISDIR(mode) else "a file"
-        raise BindError(
-            f"{path} is {what} where the plugin's socket must go and cannot be removed "
-            f"({exc.strerror or exc}); remove it"
-        ) from None
-
-
 class ResourceServer:
     """Serves one resource on `socket_path` until stopped. start() may be called again after stop()."""
 
@@ -125,12 +91,18 @@ class ResourceServer:
         self.resource_name = resource_name
         self.socket_path = socket_path
         self._events = events
-        self._max_workers = max_workers
-        self._grpc: grpc.Server | None = None
-        self._inode: int | None = None
         self._on_kubelet_stream_end = on_kubelet_stream_end  # (server, seconds it lived, lost unasked)
         self.streams = StreamSet(resource_name, self._device_list, self._kubelet_stream_ended)
         self.backend = backend
+        self._unix = UnixServer(
+            resource_name,
+            socket_path,
+            (handlers(self),),
+            protocol.MAX_REQUEST_BYTES,
+            protocol.MAX_RESPONSE_BYTES,
+            workers=max_workers,
+            max_calls=MAX_CONCURRENT_CALLS,
+        )
 
     @property
     def backend(self) -> ResourceBackend:
@@ -144,47 +116,20 @@ class ResourceServer:
 
     def start(self) -> None:
         """Listen on the socket. Raises BindError (nothing left running) when that is not possible."""
-        if self._grpc is not None:
+        if self._unix.running:
             return
-        clear_socket_path(self.socket_path)
         self.streams.serving()
-        server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=self._max_workers, thread_name_prefix=f"grpc-{self.resource_name}"
-            ),
-            options=[
-                ("grpc.max_receive_message_length", protocol.MAX_REQUEST_BYTES),
-                ("grpc.max_send_message_length", protocol.MAX_RESPONSE_BYTES),
-            ],
-            maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
-        )
-        server.add_generic_rpc_handlers((handlers(self),))
-        try:
-            server.add_insecure_port(f"unix:{self.socket_path}")
-            server.start()
-            # Kubelet restarting right now may already have deleted the socket we just bound.
-            self._inode = self.socket_path.stat().st_ino
-        except Exception as exc:
-            server.stop(None)
-            raise BindError(f"cannot listen on {self.socket_path}: {exc}") from None
-        self._grpc = server
+        self._unix.start()
 
     def socket_intact(self) -> bool:
         """Whether the socket file is still the one this server listens on (kubelet deletes it on restart)."""
-        try:
-            return self._grpc is not None and self.socket_path.stat().st_ino == self._inode
-        except OSError:
-            return False
+        return self._unix.intact()
 
     def stop(self, grace: float = 0.5) -> None:
-        server, self._grpc = self._grpc, None
-        if server is None:
+        if not self._unix.running:
             return
         self.streams.stop()
-        server.stop(grace).wait()
-        with contextlib.suppress(OSError):
-            if self.socket_path.is_socket():
-                os.unlink(self.socket_path)
+        self._unix.stop(grace)
 
     def notify(self) -> None:
         """The backend's device list changed: the open ListAndWatch streams send it again."""

@@ -28,7 +28,6 @@ from nvidia_device_plugin.dra.kubelet.registration import (
     registration_handlers,
     registration_socket_name,
 )
-from nvidia_device_plugin.dra.kubelet.sockets import UnixServer
 from nvidia_device_plugin.dra.kubelet.wire import (
     MAX_REQUEST_BYTES,
     MAX_RESPONSE_BYTES,
@@ -38,10 +37,14 @@ from nvidia_device_plugin.dra.kubelet.wire import (
 )
 from nvidia_device_plugin.dra.names import DRIVER_NAME
 from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.plugin.server import BindError
+from nvidia_device_plugin.plugin.unix_server import BindError, UnixServer
 from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
+
+# Kubelet calls one claim batch at a time per pod; a few workers serve several pods starting at once.
+WORKERS = 4
+MAX_CONCURRENT_CALLS = 32  # more are answered RESOURCE_EXHAUSTED at once instead of queueing without bound
 
 ENDPOINT_SOCKET = "dra.sock"
 CHECK_INTERVAL_S = 1.0
@@ -131,12 +134,22 @@ class DraKubeletPlugin(Worker):
             [dra_handlers(version, preparer) for version in self.versions],
             MAX_REQUEST_BYTES,
             MAX_RESPONSE_BYTES,
+            workers=WORKERS,
+            max_calls=MAX_CONCURRENT_CALLS,
+            make_parent=True,
         )
         handlers = registration_handlers(
             self.driver_name, self.endpoint, [v.name for v in self.versions], self._state
         )
         self._registration_server = UnixServer(
-            "dra-reg", self.registration_socket, [handlers], REGISTRATION_MAX_REQUEST_BYTES, 64 * 1024
+            "dra-reg",
+            self.registration_socket,
+            [handlers],
+            REGISTRATION_MAX_REQUEST_BYTES,
+            64 * 1024,
+            workers=WORKERS,
+            max_calls=MAX_CONCURRENT_CALLS,
+            make_parent=True,
         )
         self._keep_serving()
         return True
