@@ -26,9 +26,9 @@ from pathlib import Path
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import build_snapshot
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = REPO_ROOT / "bench"

@@ -33,12 +33,12 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.cli.planview import plan_to_json
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon, DaemonOptions
-from nvidia_device_plugin.device_lists import KUBELET_RECEIVE_LIMIT
+from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resource_plans import build_resources
+from nvidia_device_plugin.plans.device_lists import KUBELET_RECEIVE_LIMIT
+from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.snapshot import build_snapshot
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 # ---- health propagation ------------------------------------------------------------------------------------
 

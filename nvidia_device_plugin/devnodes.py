@@ -25,9 +25,9 @@ import posixpath
 from collections.abc import Sequence
 from pathlib import Path
 
-from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
+from nvidia_device_plugin.base.boundedio import SMALL_FILE_BYTES, read_text
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.devices import MigDevice
-from nvidia_device_plugin.errors import AllocationError
 
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 MIG_CAPS_DEVICE_DIR = "/dev/nvidia-caps"

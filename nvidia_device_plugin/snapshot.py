@@ -16,22 +16,22 @@ from dataclasses import dataclass, replace
 
 import pynvml
 
+from nvidia_device_plugin.base.errors import DevicePluginError, NvmlError
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.cdi.model import CdiError, CdiPlan
 from nvidia_device_plugin.cdi.spec import plan_cdi
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.device_lists import check_device_list_sizes
 from nvidia_device_plugin.devices import DiscoveryProblem, Inventory
-from nvidia_device_plugin.errors import DevicePluginError, NvmlError
-from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.errors import NVML_CALL_STUCK
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.resource_plans import build_resources
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.device_lists import check_device_list_sizes
+from nvidia_device_plugin.plans.mig_layout import MigLayoutViolation, mig_layout_violations
+from nvidia_device_plugin.plans.resource_plans import build_resources
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.serving.allocate import AllocationSettings
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.daemon import Daemon
+from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.nvml.sim.node import load_node
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.plugin.manager import PluginManager
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.health_support import HEALTH_LOG, Node, make_node

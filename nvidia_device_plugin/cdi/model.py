@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.config.v1 import Config, DeviceIdStrategy
-from nvidia_device_plugin.errors import DevicePluginError
-from nvidia_device_plugin.resources import AdvertisedDevice
+from nvidia_device_plugin.plans.resources import AdvertisedDevice
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 GPU_CLASS = "gpu"  # every GPU and MIG device Allocate names, as in NVIDIA's plugin

@@ -26,7 +26,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
-from nvidia_device_plugin.boundedio import read_bytes
+from nvidia_device_plugin.base.boundedio import read_bytes
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiSpec
 from nvidia_device_plugin.cdi.version import minimum_version
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nvidia_device_plugin import devnodes
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.cdi.graphics import GraphicsFiles, scan_graphics
 from nvidia_device_plugin.cdi.links import driver_library_links
 from nvidia_device_plugin.cdi.model import CdiError, extra_mode
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.nvml.host import HostPaths
-from nvidia_device_plugin.resources import AdvertisedDevice
+from nvidia_device_plugin.plans.resources import AdvertisedDevice
 
 # Where distributions and the driver installer put the driver's user-space libraries, in search order.
 LIBRARY_DIRS = (

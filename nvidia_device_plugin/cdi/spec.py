@@ -39,7 +39,7 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.devnodes import under
 from nvidia_device_plugin.nvml.host import HostPaths
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 
 
 def plan_cdi(

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nvidia_device_plugin.atomicfile import replace_file
-from nvidia_device_plugin.boundedio import read_bytes, read_text
+from nvidia_device_plugin.base.atomicfile import replace_file
+from nvidia_device_plugin.base.boundedio import read_bytes, read_text
+from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiPlan, CdiSpec
 from nvidia_device_plugin.cdi.retention import (
     MAX_SPEC_BYTES,
@@ -27,7 +28,6 @@ from nvidia_device_plugin.cdi.retention import (
     retain,
     spec_document,
 )
-from nvidia_device_plugin.logs import FailureLog
 
 log = logging.getLogger(__name__)
 

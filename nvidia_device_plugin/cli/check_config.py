@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.cli.common import AddParser, add_config_option_arguments, simulate_help
-from nvidia_device_plugin.errors import DevicePluginError
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.loader import Override
@@ -131,9 +131,9 @@ def _open_node(simulate: str | None) -> NvmlSession | str | None:
 
 def _inputs(names: list[str]) -> Iterator[_Input | str]:
     """Each config named on the command line, decoded; a message instead for one that cannot be read."""
+    from nvidia_device_plugin.base.errors import ConfigError
     from nvidia_device_plugin.config.document import read_config_document, read_config_stream
     from nvidia_device_plugin.config.selection import available_config_names
-    from nvidia_device_plugin.errors import ConfigError
 
     for name in names:
         try:
@@ -157,8 +157,8 @@ def _inputs(names: list[str]) -> Iterator[_Input | str]:
 
 def _configmaps(item: _Input) -> Iterator[_Input | str]:
     """The configs in a ConfigMap manifest (each key of `data`; each ConfigMap of a List), else `item`."""
+    from nvidia_device_plugin.base.errors import ConfigError
     from nvidia_device_plugin.config.document import parse_document_text
-    from nvidia_device_plugin.errors import ConfigError
 
     doc = item.document
     if not isinstance(doc, dict) or doc.get("kind") not in ("ConfigMap", "List"):
@@ -220,7 +220,7 @@ def _check_one(
 
 
 def _nodeless(config: Config, err: TextIO) -> str | None:
-    from nvidia_device_plugin.device_lists import check_config_device_lists
+    from nvidia_device_plugin.plans.device_lists import check_config_device_lists
 
     try:
         check_config_device_lists(config)
@@ -234,7 +234,7 @@ def _against_node(
     name: str, config: Config, session: NvmlSession, node: str | None, err: TextIO
 ) -> str | None:
     """What `run` would do with `config` on the node: None (printed why) when it would refuse it."""
-    from nvidia_device_plugin.announce import notices, resources_line
+    from nvidia_device_plugin.daemons.announce import notices, resources_line
     from nvidia_device_plugin.serving.imex import imex_problem
     from nvidia_device_plugin.snapshot import build_snapshot
 

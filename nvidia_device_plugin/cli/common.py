@@ -13,13 +13,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from nvidia_device_plugin.base.logs import LOG_FORMATS, LOG_LEVELS
 from nvidia_device_plugin.config.flags import (
     add_config_arguments,
     add_config_option_arguments,
     resolve_config,
     states_default,
 )
-from nvidia_device_plugin.logs import LOG_FORMATS, LOG_LEVELS
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config

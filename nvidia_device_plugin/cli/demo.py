@@ -29,11 +29,11 @@ from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, con
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config
-    from nvidia_device_plugin.mps_control import MpsControlDaemon
+    from nvidia_device_plugin.daemons.mps_control import MpsControlDaemon
     from nvidia_device_plugin.nvml.session import NvmlSession
-    from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-    from nvidia_device_plugin.resources import ResourcePlan
+    from nvidia_device_plugin.plans.resources import ResourcePlan
     from nvidia_device_plugin.snapshot import Snapshot
+    from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 _SHOWN_PER_RESOURCE = 16
 _DEFAULT_POD_DEVICES = 2
@@ -79,8 +79,8 @@ def run_demo(
     """The demo on `node` under the config `load_config` reads; raises DevicePluginError when the daemon
     refuses to start (the config, or NVML), as `run` would."""
     from nvidia_device_plugin.cli.demo_mps import stop_servers
-    from nvidia_device_plugin.daemon import Daemon, DaemonOptions
-    from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+    from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
+    from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
     # /tmp, not a deep temp dir: unix socket paths must stay under ~108 bytes.
     root = Path(tempfile.mkdtemp(prefix="nvdp-demo-", dir="/tmp"))
@@ -121,7 +121,7 @@ def _start_mps(
     load_config: Callable[[], Config], open_nvml: Callable[[], NvmlSession], root: Path
 ) -> MpsControlDaemon:
     from nvidia_device_plugin.cli.demo_mps import stand_in_control
-    from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
+    from nvidia_device_plugin.daemons.mps_control import ControlDaemonOptions, MpsControlDaemon
 
     control = stand_in_control(root)
     mps = MpsControlDaemon(
@@ -145,7 +145,7 @@ def _show(
     out: TextIO,
     pod_devices: int | None,
 ) -> int:
-    from nvidia_device_plugin.announce import nothing_served_reason
+    from nvidia_device_plugin.daemons.announce import nothing_served_reason
 
     names = [p.name for p in snapshot.plans]
     if not kubelet.wait_for_resources(names, timeout=_WAIT_S):
@@ -206,7 +206,7 @@ def _write_admission(
 ) -> int:
     """Admit one pod the way kubelet does (GetPreferredAllocation, then Allocate) and show the answer, or
     say why the pod is not admitted; 0 when it is."""
-    from nvidia_device_plugin.plugin.kubelet_devices import AdmissionError
+    from nvidia_device_plugin.standins.kubelet_devices import AdmissionError
 
     healthy = sum(1 for d in kubelet.devices(plan.name).values() if d.health == "Healthy")
     per_container = 1 if plan.fail_requests_greater_than_one else healthy

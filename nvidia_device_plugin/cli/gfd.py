@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nvidia_device_plugin.base.errors import DevicePluginError, NvmlError
+from nvidia_device_plugin.base.logs import LOG_LEVELS, FailureLog, configure_logging
 from nvidia_device_plugin.cli.common import env_value
 from nvidia_device_plugin.cli.gfd_settings import (
     GfdSettings,
@@ -39,9 +41,7 @@ from nvidia_device_plugin.cli.gfd_settings import (
     with_gfd_env_aliases,
 )
 from nvidia_device_plugin.config.flags import add_config_arguments, resolve_config
-from nvidia_device_plugin.errors import DevicePluginError, NvmlError
 from nvidia_device_plugin.labels.node import TIMESTAMP_LABEL
-from nvidia_device_plugin.logs import LOG_LEVELS, FailureLog, configure_logging
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config

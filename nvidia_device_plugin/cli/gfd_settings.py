@@ -23,11 +23,11 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.cli.common import env_value
 from nvidia_device_plugin.config.durations import parse_go_duration
 from nvidia_device_plugin.config.flags import config_source
 from nvidia_device_plugin.config.loader import read_config_document
-from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.labels.nfd import DEFAULT_MACHINE_TYPE_FILE, DEFAULT_OUTPUT_FILE
 
 INFINITE = "infinite"

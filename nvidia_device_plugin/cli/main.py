@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from nvidia_device_plugin import __version__
+from nvidia_device_plugin.base.errors import DevicePluginError
+from nvidia_device_plugin.base.logs import configure_logging
 from nvidia_device_plugin.cli import check_config, demo, dra, labels, mps_control, plan, run
 from nvidia_device_plugin.cli.common import Command, DefaultsHelpFormatter, preset_names
 from nvidia_device_plugin.cli.run import DEFAULT_PLUGIN_DIR
-from nvidia_device_plugin.errors import DevicePluginError
-from nvidia_device_plugin.logs import configure_logging
 
 __all__ = ["COMMANDS", "DEFAULT_PLUGIN_DIR", "build_parser", "main"]
 

@@ -1,6 +1,7 @@
 """`nvidia-device-plugin mps-control-daemon`: its flags beyond those it shares with `run`, and the command.
 
-The long-running part (config -> wanted MPS daemons -> supervisor) is nvidia_device_plugin/mps_control.py.
+The long-running part (config -> wanted MPS daemons -> supervisor) is
+nvidia_device_plugin/daemons/mps_control.py.
 """
 
 from __future__ import annotations
@@ -49,11 +50,11 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
 
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """Run until SIGTERM/SIGINT; SIGHUP reloads the config. Leaves the MPS daemons running on exit."""
+    from nvidia_device_plugin.base.signals import serve_until_stopped
     from nvidia_device_plugin.cli.session import open_session as open_nvml
     from nvidia_device_plugin.config.flags import config_source
     from nvidia_device_plugin.config.watch import ConfigWatcher
-    from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
-    from nvidia_device_plugin.signals import serve_until_stopped
+    from nvidia_device_plugin.daemons.mps_control import ControlDaemonOptions, MpsControlDaemon
 
     source = config_source(args, environ)
 

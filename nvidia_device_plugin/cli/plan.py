@@ -34,10 +34,10 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
 
 def print_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """The plan on stdout; every warning `run` would log on stderr ("warning: ..."), before it."""
-    from nvidia_device_plugin.announce import nothing_served_reason, notices
     from nvidia_device_plugin.cdi.view import cdi_to_json, render_cdi_summary
     from nvidia_device_plugin.cli.planview import plan_to_json, render_plan_table
     from nvidia_device_plugin.cli.session import open_session
+    from nvidia_device_plugin.daemons.announce import nothing_served_reason, notices
     from nvidia_device_plugin.serving.imex import imex_problem
     from nvidia_device_plugin.snapshot import build_snapshot
 

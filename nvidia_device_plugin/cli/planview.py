@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan
 
 _GIB = 1024**3
 _COLUMNS = ("ID", "DEVICE", "UUID", "MODEL", "MEMORY", "NUMA")

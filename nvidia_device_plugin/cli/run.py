@@ -10,12 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, config_loader, env_value
 from nvidia_device_plugin.cli.dra import add_run_arguments as add_dra_run_arguments
 from nvidia_device_plugin.cli.dra import dra_options
 from nvidia_device_plugin.cli.labels import add_labels_file_arguments, labels_options
 from nvidia_device_plugin.config.v1 import ConfigOrigin
-from nvidia_device_plugin.errors import ConfigError
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.source import ConfigSource
@@ -103,13 +103,13 @@ def _chosen_by_label(config: Config, label: str) -> Config:
 
 
 def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from nvidia_device_plugin.base.signals import serve_until_stopped
     from nvidia_device_plugin.cli.session import nvml_opener
     from nvidia_device_plugin.config.flags import config_source, load_from
     from nvidia_device_plugin.config.source import ConfigSource
     from nvidia_device_plugin.config.watch import ConfigWatcher
-    from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+    from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
     from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
-    from nvidia_device_plugin.signals import serve_until_stopped
 
     load_config = config_loader(args, environ)
     source = config_source(args, environ)

@@ -19,9 +19,9 @@ from typing import BinaryIO, NoReturn
 
 import yaml
 
-from nvidia_device_plugin import boundedio
+from nvidia_device_plugin.base import boundedio
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.v1 import VERSION, shown_int
-from nvidia_device_plugin.errors import ConfigError
 
 # NVIDIA's largest example configs are a few KiB; a ConfigMap holds at most 1 MiB in all.
 MAX_CONFIG_BYTES = 1024 * 1024

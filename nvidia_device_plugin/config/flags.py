@@ -29,12 +29,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.loader import Override
 from nvidia_device_plugin.config.options import CONFIG_OPTIONS, SOURCE_HELP, SOURCE_OPTIONS, ConfigOption
 from nvidia_device_plugin.config.selection import DEFAULT_FALLBACK_STRATEGIES, parse_fallback_strategies
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import Config, Health
-from nvidia_device_plugin.errors import ConfigError
 
 __all__ = [
     "DISABLE_HEALTHCHECKS_ENV",

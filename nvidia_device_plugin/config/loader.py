@@ -48,6 +48,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.document import (
     MAX_CONFIG_BYTES,
     Invalid,
@@ -62,7 +63,6 @@ from nvidia_device_plugin.config.resource_sections import qualified_name
 from nvidia_device_plugin.config.schema import ALIASES, KeyNotes
 from nvidia_device_plugin.config.sections import parse_document
 from nvidia_device_plugin.config.v1 import MAX_REPLICAS, Config
-from nvidia_device_plugin.errors import ConfigError
 
 __all__ = [
     "MAX_CONFIG_BYTES",

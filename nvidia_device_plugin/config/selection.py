@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.base.errors import ConfigError
 
 NAMED_DEFAULT_CONFIG = "default"
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.loader import Override, build_config, read_config_document
 from nvidia_device_plugin.config.selection import (
     DEFAULT_FALLBACK_STRATEGIES,
@@ -27,7 +28,6 @@ from nvidia_device_plugin.config.selection import (
     select_config,
 )
 from nvidia_device_plugin.config.v1 import Config, ConfigChoice, ConfigOrigin
-from nvidia_device_plugin.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, get_args
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.dra import Dra
-from nvidia_device_plugin.errors import ConfigError
 
 VERSION = "v1"
 RESOURCE_PREFIX = "nvidia.com"

@@ -32,12 +32,12 @@ from types import TracebackType
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
+from nvidia_device_plugin.base.errors import ConfigError
+from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories, watching
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.config.document import read_config_bytes
 from nvidia_device_plugin.config.source import ConfigSource
-from nvidia_device_plugin.errors import ConfigError
-from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
-from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from nvidia_device_plugin.base.errors import ConfigError
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.config.selection import ConfigSelectionError, FallbackStrategy
 from nvidia_device_plugin.configmanager.link import LinkError
 from nvidia_device_plugin.configmanager.manager import ConfigManager
 from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, api_client_from_environment
 from nvidia_device_plugin.configmanager.settings import DEFAULT_PROCESS_TO_SIGNAL, Settings
-from nvidia_device_plugin.errors import ConfigError
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.base.errors import DevicePluginError
 
 
 class LinkError(DevicePluginError):

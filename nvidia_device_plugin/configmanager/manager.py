@@ -12,6 +12,7 @@ import logging
 import threading
 from typing import Any
 
+from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.config.selection import (
     ConfigSelectionError,
     available_config_names,
@@ -21,7 +22,6 @@ from nvidia_device_plugin.configmanager.link import LinkError, point_link, write
 from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, NodeLabelReader, WatchExpired
 from nvidia_device_plugin.configmanager.processes import signal_processes
 from nvidia_device_plugin.configmanager.settings import Settings
-from nvidia_device_plugin.logs import FailureLog
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from nvidia_device_plugin.errors import DevicePluginError
-from nvidia_device_plugin.kubeapi import describe_api_error
+from nvidia_device_plugin.base.errors import DevicePluginError
+from nvidia_device_plugin.base.kubeapi import describe_api_error
 
 log = logging.getLogger(__name__)
 

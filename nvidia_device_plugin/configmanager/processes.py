@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from nvidia_device_plugin.boundedio import read_bytes
+from nvidia_device_plugin.base.boundedio import read_bytes
 
 log = logging.getLogger(__name__)
 

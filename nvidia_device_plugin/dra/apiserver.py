@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.dra.attributes import Json
 from nvidia_device_plugin.dra.names import DRIVER_NAME
-from nvidia_device_plugin.errors import DevicePluginError
 
 GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
 TIMEOUT_S = (10, 30)  # (connect, read)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.snapshot import Snapshot
-from nvidia_device_plugin.workers import Worker
 
 CurrentNode = Callable[[], "tuple[dict[str, DraDevice], Snapshot, HostPaths] | None"]
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
 from nvidia_device_plugin.dra.podresources import list_pod_devices
@@ -26,11 +28,9 @@ from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
 from nvidia_device_plugin.dra.slices import node_devices
 from nvidia_device_plugin.dra.taints import TaintBook
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.nvml.host import HostPaths
-from nvidia_device_plugin.resources import ResourcePlan, physical_uuid_of
+from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
 from nvidia_device_plugin.snapshot import Snapshot
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.dra import ALL_GPUS, Dra
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import ConfigError
 
 Side = Literal["device-plugin", "dra"]
 DEVICE_PLUGIN: Side = "device-plugin"

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from nvidia_device_plugin.api.podresources.v1 import api_pb2, api_pb2_grpc
-from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.base.errors import DevicePluginError
 
 DEADLINE_S = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # kubelet's podresources.DefaultMaxMsgSize

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.attributes import Json
 from nvidia_device_plugin.dra.slices import chunk_devices
 from nvidia_device_plugin.dra.sync import plan_sync
-from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvidia_device_plugin.config.v1 import SharingMode
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from nvidia_device_plugin.dra.names import DRIVER_NAME, published_devices
 from nvidia_device_plugin.dra.sharing import plugin_views
 from nvidia_device_plugin.dra.taints import TaintBook
 from nvidia_device_plugin.dra.topology import nvlink_domains, pcie_switches
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128

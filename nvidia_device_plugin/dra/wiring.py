@@ -8,14 +8,14 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
+from nvidia_device_plugin.base.errors import ConfigError
+from nvidia_device_plugin.base.workers import WorkerGroup
 from nvidia_device_plugin.dra.mode import DraMode, DraOptions
 from nvidia_device_plugin.dra.ownership import wanted_owners
-from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
-from nvidia_device_plugin.workers import WorkerGroup
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.config.v1 import Health
 from nvidia_device_plugin.devices import Gpu, Inventory, describe
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.policy import REASON_LOST, stuck_reason
 from nvidia_device_plugin.health.registry import HealthRegistry
-from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.api import NvmlApi
 from nvidia_device_plugin.nvml.events import ProbeState

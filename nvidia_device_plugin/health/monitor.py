@@ -51,6 +51,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.config.v1 import Health
 from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.events import NO_EVENTS, Events
@@ -62,11 +64,9 @@ from nvidia_device_plugin.health.policy import (
     xid_reason,
 )
 from nvidia_device_plugin.health.registry import HealthRegistry
-from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.api import EventSetHandle, NvmlApi
 from nvidia_device_plugin.nvml.events import HealthEvent, NvmlFailure
-from nvidia_device_plugin.workers import Worker
 
 __all__ = ["LOST_AFTER_FAILED_PROBES", "HealthMonitor"]
 

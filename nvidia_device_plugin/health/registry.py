@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.policy import REASON_LOST
-from nvidia_device_plugin.resources import AdvertisedDevice
+from nvidia_device_plugin.plans.resources import AdvertisedDevice
 
 log = logging.getLogger(__name__)
 

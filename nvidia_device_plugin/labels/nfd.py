@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from nvidia_device_plugin.atomicfile import replace_file
-from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
-from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.base.atomicfile import replace_file
+from nvidia_device_plugin.base.boundedio import SMALL_FILE_BYTES, read_text
+from nvidia_device_plugin.base.errors import DevicePluginError
 
 DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"
 DEFAULT_OUTPUT_FILE = "/etc/kubernetes/node-feature-discovery/features.d/gfd"

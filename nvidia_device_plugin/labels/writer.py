@@ -19,11 +19,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.labels.nfd import DEFAULT_MACHINE_TYPE_FILE, read_machine_type, write_features
 from nvidia_device_plugin.labels.node import LabelSettings, node_labels, without_timestamp
-from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.snapshot import Snapshot
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

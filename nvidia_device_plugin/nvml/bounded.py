@@ -32,10 +32,10 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from nvidia_device_plugin.base.signals import HANDLED
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.nvml.api import NvmlApi, api_functions
 from nvidia_device_plugin.nvml.errors import NVML_CALL_STUCK
-from nvidia_device_plugin.signals import HANDLED
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

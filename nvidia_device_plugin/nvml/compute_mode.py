@@ -11,7 +11,7 @@ from typing import Literal
 
 import pynvml
 
-from nvidia_device_plugin.errors import NvmlError
+from nvidia_device_plugin.base.errors import NvmlError
 from nvidia_device_plugin.nvml.api import NvmlApi
 from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code
 

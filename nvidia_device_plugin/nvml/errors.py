@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from nvidia_device_plugin.errors import NvmlError
+from nvidia_device_plugin.base.errors import NvmlError
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pynvml
 
-from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
+from nvidia_device_plugin.base.boundedio import SMALL_FILE_BYTES, read_text
 
 # GPU-instance profile ID (nvmlGpuInstanceProfile index) -> (slices, attribute suffix).
 _P = pynvml

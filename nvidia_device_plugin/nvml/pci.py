@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_text
+from nvidia_device_plugin.base.boundedio import SMALL_FILE_BYTES, read_text
 from nvidia_device_plugin.nvml.api import PciInfo
 
 _PCIE_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")

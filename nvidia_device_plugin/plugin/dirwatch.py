@@ -15,8 +15,8 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
-from nvidia_device_plugin.fswatch import stop_watching, watch_directories, watching
-from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories, watching
+from nvidia_device_plugin.base.logs import FailureLog
 
 log = logging.getLogger(__name__)
 

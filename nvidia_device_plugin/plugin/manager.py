@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.plugin.dirwatch import WATCH_FAILURE, DirectoryWatch
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, PluginEvents
 from nvidia_device_plugin.plugin.registrar import (

@@ -14,7 +14,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
-from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.base.errors import DevicePluginError
 
 SERVICE = "v1beta1.DevicePlugin"
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.plugin.events import PluginEvents
 from nvidia_device_plugin.plugin.registration import RegistrationError, register
 from nvidia_device_plugin.plugin.server import ResourceServer
-from nvidia_device_plugin.workers import Worker
 
 # The registrar speaks for the manager: its lines come from the manager's logger, as they always have.
 log = logging.getLogger("nvidia_device_plugin.plugin.manager")

@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.message import Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
-from nvidia_device_plugin.errors import AllocationError
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.plugin import protocol
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, CallError, CallMethod, PluginEvents
 from nvidia_device_plugin.plugin.streams import StreamSet

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import Message
 
-from nvidia_device_plugin.errors import DevicePluginError
+from nvidia_device_plugin.base.errors import DevicePluginError
 
 log = logging.getLogger(__name__)
 

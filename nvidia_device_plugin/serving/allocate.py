@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from nvidia_device_plugin import devnodes
 from nvidia_device_plugin.api.v1beta1 import api_pb2
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.cdi.model import (
     GPU_CLASS,
     IMEX_CLASS,
@@ -65,10 +66,9 @@ from nvidia_device_plugin.config.v1 import (
     uses_cdi,
 )
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.health.registry import DeviceHealth
 from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan
 from nvidia_device_plugin.sharing import mps
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.health.registry import HealthRegistry
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.plugin.server import DeviceState
-from nvidia_device_plugin.resources import ResourcePlan
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 from nvidia_device_plugin.serving.preferred import preferred_allocation
 

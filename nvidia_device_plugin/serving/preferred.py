@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.config.v1 import SharedAllocationPolicy
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import AllocationError
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.serving.preferred_gpus import best_connected
 from nvidia_device_plugin.serving.preferred_groups import pack_mig, replicas_by_policy
 from nvidia_device_plugin.sharing.mps import single_gpu_preference

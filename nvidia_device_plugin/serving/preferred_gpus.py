@@ -43,7 +43,7 @@ import logging
 from dataclasses import dataclass
 
 from nvidia_device_plugin.devices import Inventory, PcieLevel
-from nvidia_device_plugin.resources import AdvertisedDevice
+from nvidia_device_plugin.plans.resources import AdvertisedDevice
 
 
 def pcie_closeness(level: PcieLevel) -> int:

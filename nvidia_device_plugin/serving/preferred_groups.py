@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from nvidia_device_plugin.config.v1 import SharedAllocationPolicy
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan
 from nvidia_device_plugin.serving.preferred_gpus import pcie_closeness
 
 _SAME_GPU_CLOSENESS = 6  # two replicas of one GPU are closer than any two GPUs (same board is 5)

@@ -26,7 +26,7 @@ import posixpath
 from collections.abc import Sequence
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 
 CONTAINER_ROOT = "/mps"
 CONTAINER_SHM_DIR = "/dev/shm"

@@ -22,9 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin import children
-from nvidia_device_plugin.errors import DevicePluginError
-from nvidia_device_plugin.logs import FailureLog
+from nvidia_device_plugin.base import children
+from nvidia_device_plugin.base.errors import DevicePluginError
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps_processes import (
     PID_FILE,
@@ -38,7 +39,6 @@ from nvidia_device_plugin.sharing.mps_processes import (
 )
 from nvidia_device_plugin.sharing.mps_specs import MpsDaemonSpec, daemon_specs
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, read_status, write_status
-from nvidia_device_plugin.workers import Worker
 
 __all__ = ["PID_FILE", "MpsDaemonSpec", "MpsDaemonSupervisor", "daemon_specs", "running_pid"]
 

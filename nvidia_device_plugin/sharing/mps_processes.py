@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin import children
-from nvidia_device_plugin.atomicfile import replace_file
-from nvidia_device_plugin.boundedio import SMALL_FILE_BYTES, read_bytes, read_text
+from nvidia_device_plugin.base import children
+from nvidia_device_plugin.base.atomicfile import replace_file
+from nvidia_device_plugin.base.boundedio import SMALL_FILE_BYTES, read_bytes, read_text
 from nvidia_device_plugin.sharing.mps_specs import MpsDaemonSpec
 
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon into its pipe directory

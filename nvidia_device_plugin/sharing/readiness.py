@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.atomicfile import replace_file
-from nvidia_device_plugin.boundedio import read_text
-from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.workers import Worker
+from nvidia_device_plugin.base.atomicfile import replace_file
+from nvidia_device_plugin.base.boundedio import read_text
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 
 log = logging.getLogger(__name__)
 

@@ -18,21 +18,21 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nvidia_device_plugin import boundedio
+from nvidia_device_plugin.base import boundedio
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.configmanager.processes import find_processes
 from nvidia_device_plugin.devnodes import mig_capability_device_node
-from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.labels.nfd import read_machine_type
 from nvidia_device_plugin.nvml.pci import sysfs_pci_dir
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
 from nvidia_device_plugin.nvml.sim.node import load_node
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
 from nvidia_device_plugin.snapshot import build_snapshot
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, start_daemon
 from support.waiting import wait_for

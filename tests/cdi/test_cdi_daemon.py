@@ -17,9 +17,9 @@ from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.cdi.model import CDI_VENDOR
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.markers import soak

@@ -22,7 +22,7 @@ from cdi_support import defined_names, kubelet_checkpoint
 
 from nvidia_device_plugin.cdi.model import CDI_VENDOR
 from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
 

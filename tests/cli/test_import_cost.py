@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
 
@@ -32,8 +32,8 @@ NOT_FOR_READING_COMMANDS = (
     "prometheus_client",
     "grpc",
     "watchdog",
-    "nvidia_device_plugin.daemon",
-    "nvidia_device_plugin.metrics",
+    "nvidia_device_plugin.daemons.run",
+    "nvidia_device_plugin.telemetry.metrics",
     "nvidia_device_plugin.plugin.server",
     "nvidia_device_plugin.configmanager.nodewatch",
 )
@@ -101,6 +101,6 @@ def test_run_without_a_node_label_does_not_import_the_kubernetes_client(
         proc.kill()
     assert proc.returncode == 0, errors
     loaded = _modules(output)
-    assert {"grpc", "prometheus_client", "nvidia_device_plugin.daemon"} <= loaded  # it served
+    assert {"grpc", "prometheus_client", "nvidia_device_plugin.daemons.run"} <= loaded  # it served
     assert "kubernetes" not in loaded
     assert "nvidia_device_plugin.configmanager.inprocess" not in loaded

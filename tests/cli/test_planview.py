@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from nvidia_device_plugin.cli.planview import plan_to_json, render_plan_table
-from nvidia_device_plugin.resource_plans import build_resources
-from nvidia_device_plugin.resources import replica_id
+from nvidia_device_plugin.plans.resource_plans import build_resources
+from nvidia_device_plugin.plans.resources import replica_id
 
 from support.inventories import (
     A100,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.loader import (
     Override,
     build_config,
@@ -16,7 +17,6 @@ from nvidia_device_plugin.config.loader import (
     qualify_resource_name,
 )
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, HEALTH_EVENT_TYPES, Config, ReplicatedDevices
-from nvidia_device_plugin.errors import ConfigError
 
 from support.configs import parse
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.cli.main import main
 from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.config.loader import gfd_incompatibilities, parse_config_text
 from nvidia_device_plugin.config.v1 import DEFAULT_CDI_SPEC_DIR
-from nvidia_device_plugin.errors import ConfigError
 
 from support.configs import parse_args
 

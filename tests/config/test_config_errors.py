@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.loader import (
     ConfigProblems,
     parse_config,
@@ -11,7 +12,6 @@ from nvidia_device_plugin.config.loader import (
     parse_document_text,
 )
 from nvidia_device_plugin.config.v1 import HEALTH_EVENT_TYPES
-from nvidia_device_plugin.errors import ConfigError
 
 from support.configs import parse
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.flags import overrides_from, parse_bool, resolve_config
 from nvidia_device_plugin.config.loader import Override
 from nvidia_device_plugin.config.options import CONFIG_OPTIONS
-from nvidia_device_plugin.errors import ConfigError
 
 from support.configs import parse_args
 

@@ -6,10 +6,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.loader import Override, build_config, parse_config, parse_config_text
 from nvidia_device_plugin.config.options import CONFIG_OPTIONS
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.errors import ConfigError
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -17,7 +17,7 @@ from nvidia_device_plugin.config.v1 import (
     ResourcePattern,
     Resources,
 )
-from nvidia_device_plugin.resource_plans import build_resources
+from nvidia_device_plugin.plans.resource_plans import build_resources
 
 from support.inventories import mig_mixed_a100
 

@@ -20,10 +20,10 @@ from typing import TypeVar
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.document import MAX_CONFIG_BYTES, MAX_DOCUMENT_DEPTH, read_config_bytes
 from nvidia_device_plugin.config.loader import build_config, load_config_file, parse_config
 from nvidia_device_plugin.config.source import ConfigSource
-from nvidia_device_plugin.errors import ConfigError
 
 T = TypeVar("T")
 

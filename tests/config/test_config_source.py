@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.flags import config_source
 from nvidia_device_plugin.config.loader import Override, parse_config_text
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.v1 import ConfigOrigin
-from nvidia_device_plugin.errors import ConfigError
 
 from support.configs import configmap_volume, parse_args
 

@@ -309,7 +309,7 @@ def test_fingerprint_tracks_path_and_content(tmp_path: Path) -> None:
 
 
 def test_watchdogs_own_stop_race_is_not_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> None:
-    import nvidia_device_plugin.fswatch  # noqa: F401  # installs the filter
+    import nvidia_device_plugin.base.fswatch  # noqa: F401  # installs the filter
 
     inotify_log = logging.getLogger("watchdog.observers.inotify")
     with caplog.at_level(logging.ERROR, logger="watchdog.observers.inotify"):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig

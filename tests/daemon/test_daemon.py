@@ -12,12 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError, NvmlError
 from nvidia_device_plugin.config.v1 import Config, Flags, Recovery
 from nvidia_device_plugin.config.v1 import Health as HealthConfig
-from nvidia_device_plugin.daemon import Daemon, DaemonOptions
-from nvidia_device_plugin.errors import ConfigError, NvmlError
+from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator, start_daemon
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.watch import ConfigWatcher
-from nvidia_device_plugin.daemon import Daemon
+from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.labels.writer import LabelsOptions
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.workers import Worker
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, simulated_options, start_daemon
 from support.waiting import wait_for
@@ -79,7 +79,7 @@ def test_a_worker_that_dies_is_logged_and_fails_the_liveness_probe(
     def feeder_with_a_bug(stop: threading.Event) -> None:
         raise RuntimeError("feeder bug")
 
-    caplog.set_level(logging.ERROR, logger="nvidia_device_plugin.workers")
+    caplog.set_level(logging.ERROR, logger="nvidia_device_plugin.base.workers")
     before = set(threading.enumerate())
     daemon = start_daemon(
         plugin_dir, metrics_address="127.0.0.1:0", simulated_events=Worker("sim-events", feeder_with_a_bug)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin import logs
+from nvidia_device_plugin.base import logs
 from nvidia_device_plugin.config.v1 import Config, Recovery
 from nvidia_device_plugin.config.v1 import Health as HealthConfig
 from nvidia_device_plugin.plugin import streams
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.markers import soak
@@ -33,7 +33,7 @@ def test_a_flapping_gpu_costs_bounded_pushes_and_log_lines_and_the_last_state_ar
     caplog: pytest.LogCaptureFixture,
     xids: int,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemon")
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.run")
     daemon = start_daemon(plugin_dir, load_config=lambda: FLAPPING)
     try:
         assert kubelet.wait_for_resources([GPU])

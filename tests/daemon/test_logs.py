@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from nvidia_device_plugin.logs import RateLimitedLog, configure_logging
+from nvidia_device_plugin.base.logs import RateLimitedLog, configure_logging
 
 from support.waiting import eventually
 
@@ -26,11 +26,11 @@ def test_json_lines_for_log_pipelines(capsys: pytest.CaptureFixture[str]) -> Non
     logging.getLogger("nvidia_device_plugin.plugin.manager").info(
         "registered %s with kubelet", "nvidia.com/gpu"
     )
-    logging.getLogger("nvidia_device_plugin.daemon").debug("not shown at info")
+    logging.getLogger("nvidia_device_plugin.daemons.run").debug("not shown at info")
     try:
         raise RuntimeError("boom")
     except RuntimeError:
-        logging.getLogger("nvidia_device_plugin.daemon").exception("reload failed")
+        logging.getLogger("nvidia_device_plugin.daemons.run").exception("reload failed")
     lines = capsys.readouterr().err.strip().splitlines()
     entries = [json.loads(line) for line in lines]
     assert len(entries) == 2
@@ -52,7 +52,7 @@ def test_text_lines_by_default(capsys: pytest.CaptureFixture[str]) -> None:
         json.loads(err.strip())
 
 
-FORGED = "GPU-1\n2024-01-01 00:00:00,000 ERROR   nvidia_device_plugin.daemon: forged\r\x1b[31m\u2028end"
+FORGED = "GPU-1\n2024-01-01 00:00:00,000 ERROR   nvidia_device_plugin.daemons.run: forged\r\x1b[31m\u2028end"
 
 
 def test_text_format_escapes_control_characters_in_untrusted_strings(
@@ -73,7 +73,7 @@ def test_text_format_indents_tracebacks_so_no_line_can_pass_for_a_record(
     try:
         raise ValueError(FORGED)
     except ValueError:
-        logging.getLogger("nvidia_device_plugin.daemon").exception("reload failed")
+        logging.getLogger("nvidia_device_plugin.daemons.run").exception("reload failed")
     lines = capsys.readouterr().err.splitlines()
     assert "reload failed" in lines[0]
     assert len(lines) > 2 and all(line.startswith("    ") for line in lines[1:]), lines
@@ -86,7 +86,7 @@ def test_json_format_keeps_each_record_on_one_line(capsys: pytest.CaptureFixture
     try:
         raise ValueError(FORGED)
     except ValueError:
-        logging.getLogger("nvidia_device_plugin.daemon").exception("failed on %s", FORGED)
+        logging.getLogger("nvidia_device_plugin.daemons.run").exception("failed on %s", FORGED)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2
     entries = [json.loads(line) for line in lines]

@@ -22,17 +22,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from nvidia_device_plugin import __version__, probes
+from nvidia_device_plugin import __version__
+from nvidia_device_plugin.base.errors import ConfigError, DevicePluginError, NvmlError
 from nvidia_device_plugin.config.v1 import Config, Flags, ReplicatedResource, ReplicatedResources, Sharing
-from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.errors import ConfigError, DevicePluginError, NvmlError
+from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import HealthRegistry
-from nvidia_device_plugin.metrics import DaemonMetrics, SnapshotView
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.plugin.manager import PluginManager
-from nvidia_device_plugin.probes import ProbeServer
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
+from nvidia_device_plugin.telemetry import probes
+from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, SnapshotView
+from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvidia_device_plugin.health.registry import HealthRegistry
-from nvidia_device_plugin.metrics import DaemonMetrics
 from nvidia_device_plugin.plugin.manager import PluginManager
+from nvidia_device_plugin.telemetry.metrics import DaemonMetrics
 
 
 class _NoSnapshotYet:

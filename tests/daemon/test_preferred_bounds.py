@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resources import physical_uuid_of
+from nvidia_device_plugin.plans.resources import physical_uuid_of
 from nvidia_device_plugin.serving import preferred_gpus
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 

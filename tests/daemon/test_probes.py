@@ -17,9 +17,9 @@ from contextlib import contextmanager, suppress
 
 import pytest
 
-from nvidia_device_plugin import probes
-from nvidia_device_plugin.errors import ConfigError
-from nvidia_device_plugin.probes import Check, ProbeServer, RenderMetrics, parse_address
+from nvidia_device_plugin.base.errors import ConfigError
+from nvidia_device_plugin.telemetry import probes
+from nvidia_device_plugin.telemetry.probes import Check, ProbeServer, RenderMetrics, parse_address
 
 # A bound on how long a client waits for anything, so a server that hangs fails the test instead of
 # hanging it; every expected answer comes far sooner.

@@ -12,9 +12,9 @@ import pynvml
 import pytest
 
 from nvidia_device_plugin import snapshot as snapshot_module
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
-from nvidia_device_plugin.errors import ConfigError
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.exposition import choose_encoder
 
-from nvidia_device_plugin import probes
-from nvidia_device_plugin.metrics import negotiate
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
+from nvidia_device_plugin.telemetry import probes
+from nvidia_device_plugin.telemetry.metrics import negotiate
 
 from support.daemon_support import GPU, gpu_uuids, start_daemon
 

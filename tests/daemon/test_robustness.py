@@ -24,10 +24,10 @@ import pytest
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
-from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resource_plans import build_resources
-from nvidia_device_plugin.resources import physical_uuid_of
+from nvidia_device_plugin.daemons.run import Daemon
+from nvidia_device_plugin.plans.resource_plans import build_resources
+from nvidia_device_plugin.plans.resources import physical_uuid_of
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.markers import soak

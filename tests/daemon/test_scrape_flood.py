@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.probes import MAX_SCRAPES
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
+from nvidia_device_plugin.telemetry.probes import MAX_SCRAPES
 
 from support.daemon_support import GPU, gpu_uuids, start_daemon
 from support.markers import soak

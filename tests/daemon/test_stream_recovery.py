@@ -16,7 +16,7 @@ import pytest
 
 from nvidia_device_plugin.config.v1 import Config, Flags
 from nvidia_device_plugin.plugin import manager as manager_module
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.markers import soak

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from nvidia_device_plugin.logs import FailureLog
-from nvidia_device_plugin.workers import Worker, WorkerGroup
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker, WorkerGroup
 
 from support.waiting import wait_for
 
@@ -95,7 +95,7 @@ def test_a_run_that_raises_is_logged_with_its_name_and_kept_as_failure(
     group = WorkerGroup()
     worker = Worker("broken-worker", broken)
     group.add(worker)
-    with caplog.at_level(logging.ERROR, logger="nvidia_device_plugin.workers"):
+    with caplog.at_level(logging.ERROR, logger="nvidia_device_plugin.base.workers"):
         group.start_all()
         wait_for(lambda: worker.failure is not None, "the failure")
     assert worker.failure == "ValueError: a bug"
@@ -108,7 +108,7 @@ def test_a_run_that_raises_is_logged_with_its_name_and_kept_as_failure(
 
 def test_a_run_that_returns_before_stop_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     worker = Worker("quitter", lambda stop: None)
-    with caplog.at_level(logging.WARNING, logger="nvidia_device_plugin.workers"):
+    with caplog.at_level(logging.WARNING, logger="nvidia_device_plugin.base.workers"):
         worker.start()
         wait_for(lambda: not worker.alive, "the thread to end")
     assert "thread quitter ended before it was asked to stop" in caplog.text
@@ -147,7 +147,7 @@ def test_a_thread_that_does_not_stop_in_time_is_left_behind_and_said_so(
     release = threading.Event()
     worker = Worker("stuck", lambda stop: release.wait())  # ignores its stop event
     worker.start()
-    with caplog.at_level(logging.WARNING, logger="nvidia_device_plugin.workers"):
+    with caplog.at_level(logging.WARNING, logger="nvidia_device_plugin.base.workers"):
         worker.stop(timeout=0.01)
     assert "thread stuck did not stop within 0.01s; left behind" in caplog.text
     release.set()
@@ -197,7 +197,7 @@ def test_a_closed_group_starts_nothing_new_and_a_failing_stop_does_not_stop_the_
     group.add(kept)
     group.add(FailingStop())
     group.start_all()
-    with caplog.at_level(logging.ERROR, logger="nvidia_device_plugin.workers"):
+    with caplog.at_level(logging.ERROR, logger="nvidia_device_plugin.base.workers"):
         group.stop_all()
     assert "stopping FailingStop failed" in caplog.text
     late = Recording("late", journal)

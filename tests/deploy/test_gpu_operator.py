@@ -39,8 +39,8 @@ from nvidia_device_plugin import __version__
 from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.configmanager.settings import parse_settings
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing.readiness import status_path
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.namespaces import pid_namespace_prefix

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from nvidia_device_plugin import __version__
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.fake_apiserver import LABEL, FakeApiServer, write_kubeconfig
 

@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.dra import Dra
 from nvidia_device_plugin.config.flags import add_config_arguments, resolve_config
 from nvidia_device_plugin.config.loader import parse_config, parse_config_text
-from nvidia_device_plugin.errors import ConfigError
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -21,8 +21,8 @@ import pytest
 
 from nvidia_device_plugin.dra.kubelet.cdispec import claim_spec_file
 from nvidia_device_plugin.nvml.sim.node import load_node
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resources import physical_uuid_of
+from nvidia_device_plugin.plans.resources import physical_uuid_of
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
 from support.dra_kubelet import DraKubeletStandIn, resource_claim

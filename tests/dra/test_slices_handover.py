@@ -17,12 +17,12 @@ from nvidia_device_plugin.config.dra import Dra
 from nvidia_device_plugin.config.v1 import Config, Recovery
 from nvidia_device_plugin.config.v1 import Health as HealthConfig
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
-from nvidia_device_plugin.daemon import Daemon
+from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.dra.mode import DraOptions
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.policy import REASON_LOST
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
-from nvidia_device_plugin.resources import physical_uuid_of
+from nvidia_device_plugin.plans.resources import physical_uuid_of
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.dra_rules import validate_objects

@@ -4,11 +4,11 @@ import threading
 
 import pytest
 
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import HealthRegistry, UnhealthyIds
-from nvidia_device_plugin.resources import ResourcePlan, replica_id
+from nvidia_device_plugin.plans.resources import ResourcePlan, replica_id
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 
 from support.builders import gpu_device, mig_device

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids
 from support.waiting import wait_for

@@ -11,10 +11,10 @@ import pytest
 from nvidia_device_plugin.cli.main import main as cli_main
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon
+from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.labels.nfd import parse_features
 from nvidia_device_plugin.labels.writer import LabelsOptions
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.labels_file import read_labels

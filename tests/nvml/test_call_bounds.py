@@ -11,7 +11,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.bounded import NvmlCallStuck
 from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify

@@ -9,7 +9,7 @@ from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.host import REAL_HOST
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.resource_plans import build_resources
+from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 
 

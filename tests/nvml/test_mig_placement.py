@@ -8,7 +8,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.sim.node import load_node, parse_node, preset_names
 from nvidia_device_plugin.nvml.sim.placement import fit_placements

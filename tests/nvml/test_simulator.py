@@ -10,8 +10,8 @@ import pynvml
 import pytest
 
 import nvidia_device_plugin
+from nvidia_device_plugin.base.errors import ConfigError, NvmlError
 from nvidia_device_plugin.devices import PcieLevel
-from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.nvml.api import NvmlApi, api_functions
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.mig_profiles import mig_profile_name

@@ -21,12 +21,12 @@ from nvidia_device_plugin.config.loader import parse_config, parse_config_text
 from nvidia_device_plugin.config.options import CONFIG_OPTIONS
 from nvidia_device_plugin.config.schema import PATTERN_FIELDS, REPLICATED_RESOURCE_FIELDS, RESOURCES_FIELDS
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.mig_layout import mig_layout_violations
+from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.plans.mig_layout import mig_layout_violations
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 
@@ -243,7 +243,7 @@ def test_every_file_performance_md_names_exists() -> None:
 
 
 def test_a_sharing_entry_matching_nothing_is_skipped_with_a_warning() -> None:
-    from nvidia_device_plugin.announce import notices
+    from nvidia_device_plugin.daemons.announce import notices
     from nvidia_device_plugin.snapshot import build_snapshot
 
     assert (

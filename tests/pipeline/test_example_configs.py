@@ -11,7 +11,7 @@ import pytest
 
 from nvidia_device_plugin.config.loader import load_config_file
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.resources import ResourcePlan, physical_uuid_of
+from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
 from nvidia_device_plugin.snapshot import build_snapshot
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon, DaemonOptions
-from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, gpu_uuids, simulated
 

@@ -8,12 +8,12 @@ from dataclasses import replace
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
+from nvidia_device_plugin.base.errors import ConfigError, InventoryError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedDevices
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import ConfigError, InventoryError
-from nvidia_device_plugin.mig_layout import mig_layout_violations
-from nvidia_device_plugin.resource_plans import build_resources
-from nvidia_device_plugin.resources import physical_uuid_of
+from nvidia_device_plugin.plans.mig_layout import mig_layout_violations
+from nvidia_device_plugin.plans.resource_plans import build_resources
+from nvidia_device_plugin.plans.resources import physical_uuid_of
 
 from support.inventories import (
     A100,

@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError, InventoryError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedDevices, ReplicatedResources
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import ConfigError, InventoryError
-from nvidia_device_plugin.resource_plans import build_resources
-from nvidia_device_plugin.resources import physical_uuid_of, replica_id
+from nvidia_device_plugin.plans.resource_plans import build_resources
+from nvidia_device_plugin.plans.resources import physical_uuid_of, replica_id
 
 from support.inventories import (
     GIB,

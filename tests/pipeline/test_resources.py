@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError, InventoryError
 from nvidia_device_plugin.devices import Gpu, Inventory
-from nvidia_device_plugin.errors import ConfigError, InventoryError
-from nvidia_device_plugin.mig_layout import mig_layout_violations
-from nvidia_device_plugin.resource_plans import build_resources
-from nvidia_device_plugin.resources import default_mig_resource_name, resource_pattern_matches
+from nvidia_device_plugin.plans.mig_layout import mig_layout_violations
+from nvidia_device_plugin.plans.resource_plans import build_resources
+from nvidia_device_plugin.plans.resources import default_mig_resource_name, resource_pattern_matches
 
 from support.inventories import (
     A100,
@@ -168,7 +168,7 @@ def test_single_on_a_mixed_layout_names_every_gpu_it_leaves_out() -> None:
 
 
 def test_media_extension_profiles_get_their_own_resource() -> None:
-    from nvidia_device_plugin.resources import default_mig_resource_name
+    from nvidia_device_plugin.plans.resources import default_mig_resource_name
 
     assert default_mig_resource_name("1g.10gb+me") == "nvidia.com/mig-1g.10gb.me"
     assert default_mig_resource_name("1g.10gb+me.all") == "nvidia.com/mig-1g.10gb.me.all"

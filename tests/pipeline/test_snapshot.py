@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
-from nvidia_device_plugin.device_lists import KUBELET_RECEIVE_LIMIT, check_device_list_sizes
-from nvidia_device_plugin.errors import ConfigError
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.plans.device_lists import KUBELET_RECEIVE_LIMIT, check_device_list_sizes
 from nvidia_device_plugin.snapshot import build_snapshot
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 

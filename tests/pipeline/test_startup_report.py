@@ -17,8 +17,8 @@ import pytest
 from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.config.flags import resolve_config
 from nvidia_device_plugin.config.render import config_document
-from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.daemons.run import Daemon
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.configs import configmap_volume as configmap
 from support.daemon_support import GPU, start_daemon

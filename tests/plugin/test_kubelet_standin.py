@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from test_plugin_framework import FakeBackend
 
-from nvidia_device_plugin.plugin.kubelet_devices import AdmissionError
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.plugin.registration import RegistrationError, register
 from nvidia_device_plugin.plugin.server import DeviceState, ResourceServer
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
+from nvidia_device_plugin.standins.kubelet_devices import AdmissionError
 
 RESOURCE = "example.com/dev"
 

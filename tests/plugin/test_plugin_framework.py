@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
-from nvidia_device_plugin.errors import AllocationError
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.plugin.server import DeviceState
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 
 class FakeBackend:

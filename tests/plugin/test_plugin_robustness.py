@@ -21,8 +21,8 @@ from test_plugin_framework import FakeBackend
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.markers import soak

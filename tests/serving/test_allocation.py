@@ -12,13 +12,13 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.config.v1 import Config, Flags, PluginFlags
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.devnodes import mig_capability_device_node
-from nvidia_device_plugin.errors import AllocationError
 from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.host import HostPaths
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan, replica_id
 from nvidia_device_plugin.serving.allocate import (
     AllocationIndex,
     AllocationSettings,

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.devices import Gpu, GpuLink, Inventory, PcieLevel
-from nvidia_device_plugin.errors import AllocationError
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan, replica_id
 from nvidia_device_plugin.serving.preferred import preferred_allocation
 
 GIB = 1024**3

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2
+from nvidia_device_plugin.base.errors import AllocationError, ConfigError
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.errors import AllocationError, ConfigError
 from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, replica_id
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan, replica_id
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 from nvidia_device_plugin.sharing import mps, mps_daemon
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSupervisor, daemon_specs

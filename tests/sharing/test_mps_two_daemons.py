@@ -21,11 +21,11 @@ import pytest
 from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon
-from nvidia_device_plugin.mps_control import MpsControlDaemon
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
+from nvidia_device_plugin.daemons.mps_control import MpsControlDaemon
+from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.sharing import mps_daemon
 from nvidia_device_plugin.sharing.readiness import read_status, status_path
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon

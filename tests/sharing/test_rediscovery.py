@@ -16,11 +16,11 @@ import pytest
 
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.labels.writer import LabelsOptions
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
-from nvidia_device_plugin.plugin.kubelet_standin import KubeletStandIn
 from nvidia_device_plugin.sharing.readiness import read_status, status_path
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvidia_device_plugin.resources import AdvertisedDevice, replica_id
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, replica_id
 
 GIB = 1024**3
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.daemon import Daemon, DaemonOptions
+from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
 

@@ -39,6 +39,8 @@ from nvidia_device_plugin.api.dra.v1beta1 import api_pb2 as v1beta1_pb
 from nvidia_device_plugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from nvidia_device_plugin.api.pluginregistration.v1 import api_pb2 as reg_pb
 from nvidia_device_plugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories
+from nvidia_device_plugin.base.workers import wait_under
 from nvidia_device_plugin.cdi.model import CdiSettings
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
@@ -47,10 +49,8 @@ from nvidia_device_plugin.dra.kubelet.claims import ApiClaimSource
 from nvidia_device_plugin.dra.kubelet.model import NodeDevices
 from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, mig_device_name, whole_gpus
-from nvidia_device_plugin.fswatch import stop_watching, watch_directories
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.snapshot import build_snapshot
-from nvidia_device_plugin.workers import wait_under
 
 from support.fake_apiserver import FakeApiServer
 

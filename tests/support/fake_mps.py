@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config
-    from nvidia_device_plugin.mps_control import MpsControlDaemon
+    from nvidia_device_plugin.daemons.mps_control import MpsControlDaemon
     from nvidia_device_plugin.nvml.session import NvmlSession
 
 FAKE_CONTROL = """#!/bin/bash
@@ -95,7 +95,7 @@ def started_control_daemon(
 ) -> MpsControlDaemon:
     """`mps-control-daemon` on the simulated `node` (a preset's name, or an opener of NVML), started,
     checking and backing off at test pace."""
-    from nvidia_device_plugin.mps_control import ControlDaemonOptions, MpsControlDaemon
+    from nvidia_device_plugin.daemons.mps_control import ControlDaemonOptions, MpsControlDaemon
     from nvidia_device_plugin.nvml.session import open_nvml
 
     opener = (lambda: open_nvml(node)) if isinstance(node, str) else node

@@ -16,7 +16,7 @@ from nvidia_device_plugin.config.v1 import (
     Sharing,
 )
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 
 GIB = 1024**3
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nvidia_device_plugin.atomicfile import replace_file
+from nvidia_device_plugin.base.atomicfile import replace_file
 from nvidia_device_plugin.cdi.model import GPU_CLASS, CdiError, CdiSpec, cdi_kind
 from nvidia_device_plugin.cdi.scan import scan_node
 from nvidia_device_plugin.cdi.spec import generate_specs
@@ -28,7 +28,7 @@ from nvidia_device_plugin.cdi.writer import SPEC_FILE_MODE, spec_json
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, NodeDevices
 from nvidia_device_plugin.dra.names import DraDevice
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan
 
 CLAIM_VENDOR = "k8s.gpu.nvidia.com"
 CLAIM_CLASS = "claim"

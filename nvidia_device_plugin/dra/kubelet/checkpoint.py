@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from nvidia_device_plugin.atomicfile import replace_file
-from nvidia_device_plugin.boundedio import read_bytes
+from nvidia_device_plugin.base.atomicfile import replace_file
+from nvidia_device_plugin.base.boundedio import read_bytes
 from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError, PreparedDevice
 
 log = logging.getLogger(__name__)

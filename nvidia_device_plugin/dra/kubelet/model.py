@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.cdi.model import CdiSettings
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.names import DraDevice
-from nvidia_device_plugin.errors import DevicePluginError
 from nvidia_device_plugin.nvml.host import HostPaths
 
 

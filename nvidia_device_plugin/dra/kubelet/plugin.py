@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.kubelet.cdispec import remove_claim_spec
 from nvidia_device_plugin.dra.kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, read_boot_id
 from nvidia_device_plugin.dra.kubelet.claims import ClaimSource
@@ -36,9 +38,7 @@ from nvidia_device_plugin.dra.kubelet.wire import (
     dra_handlers,
 )
 from nvidia_device_plugin.dra.names import DRIVER_NAME
-from nvidia_device_plugin.logs import FailureLog
 from nvidia_device_plugin.plugin.unix_server import BindError, UnixServer
-from nvidia_device_plugin.workers import Worker
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.dra.kubelet.cdispec import (
     claim_cdi_id,
     claim_spec,
@@ -39,7 +40,6 @@ from nvidia_device_plugin.dra.kubelet.model import (
     PreparedDevice,
 )
 from nvidia_device_plugin.dra.names import DraDevice
-from nvidia_device_plugin.logs import FailureLog
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from typing import Any, BinaryIO, Protocol
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
-from nvidia_device_plugin.boundedio import open_regular
-from nvidia_device_plugin.fswatch import stop_watching, watch_directories
-from nvidia_device_plugin.workers import Worker
+from nvidia_device_plugin.base.boundedio import open_regular
+from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories
+from nvidia_device_plugin.base.workers import Worker
 
 log = logging.getLogger(__name__)
 

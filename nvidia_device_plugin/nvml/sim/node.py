@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from nvidia_device_plugin.boundedio import read_text
-from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.base.boundedio import read_text
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
 from nvidia_device_plugin.nvml.sim.placement import check_layout
 

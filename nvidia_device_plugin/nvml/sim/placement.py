@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from nvidia_device_plugin.errors import ConfigError
+from nvidia_device_plugin.base.errors import ConfigError
 
 # GPUs with 4 memory and 4 compute slices; every other MIG-capable GPU has 8 and 7.
 _FOUR_SLICE_GPUS = re.compile(r"A30\b")

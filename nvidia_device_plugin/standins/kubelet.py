@@ -32,7 +32,8 @@ import grpc
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
-from nvidia_device_plugin.plugin.kubelet_devices import (
+from nvidia_device_plugin.base.workers import Worker, wait_under
+from nvidia_device_plugin.standins.kubelet_devices import (
     ENDPOINT_STOP_GRACE_S,
     NODE_STATUS_INTERVAL_S,
     ResourceState,
@@ -43,7 +44,6 @@ from nvidia_device_plugin.plugin.kubelet_devices import (
     rpc_failure,
     unexpected,
 )
-from nvidia_device_plugin.workers import Worker, wait_under
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from nvidia_device_plugin import __version__
-from nvidia_device_plugin.errors import ConfigError, DevicePluginError
-from nvidia_device_plugin.workers import Worker
+from nvidia_device_plugin.base.errors import ConfigError, DevicePluginError
+from nvidia_device_plugin.base.workers import Worker
 
 log = logging.getLogger(__name__)
 

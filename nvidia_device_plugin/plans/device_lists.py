@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.v1 import RESOURCE_PREFIX, Config
-from nvidia_device_plugin.errors import ConfigError
-from nvidia_device_plugin.resources import ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 
 # Kubelet dials plugins without raising grpc-go's default receive limit: a ListAndWatch message over it
 # is dropped by kubelet, and the resource silently falls to 0 devices on the node.

@@ -23,16 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.announce import config_line, decisions, notices, resources_line
+from nvidia_device_plugin.base.errors import ConfigError, NvmlError
+from nvidia_device_plugin.base.logs import FailureLog, RateLimitedLog
+from nvidia_device_plugin.base.workers import Worker, WorkerGroup
 from nvidia_device_plugin.cdi.model import CdiError
 from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
 from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
+from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
 from nvidia_device_plugin.devices import describe
 from nvidia_device_plugin.dra.mode import DraMode, DraOptions
 from nvidia_device_plugin.dra.wiring import DraWiring
-from nvidia_device_plugin.errors import ConfigError, NvmlError
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import (
@@ -43,11 +45,8 @@ from nvidia_device_plugin.health.registry import (
     mark_lost_on_reload,
 )
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
-from nvidia_device_plugin.logs import FailureLog, RateLimitedLog
-from nvidia_device_plugin.metrics import DaemonMetrics, negotiate
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
-from nvidia_device_plugin.probes import ProbeServer
 from nvidia_device_plugin.serving.backend import GpuResourceBackend
 from nvidia_device_plugin.serving.imex import imex_problem, imex_summary
 from nvidia_device_plugin.sharing.mps import shared_devices
@@ -57,7 +56,8 @@ from nvidia_device_plugin.sharing.readiness import (
     ReadinessChange,
 )
 from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
-from nvidia_device_plugin.workers import Worker, WorkerGroup
+from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, negotiate
+from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from nvidia_device_plugin.config.render import config_json
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResources
 from nvidia_device_plugin.devices import Gpu, Inventory
-from nvidia_device_plugin.mig_layout import MigLayoutViolation
-from nvidia_device_plugin.resources import ResourcePlan, base_resources
+from nvidia_device_plugin.plans.mig_layout import MigLayoutViolation
+from nvidia_device_plugin.plans.resources import ResourcePlan, base_resources
 from nvidia_device_plugin.snapshot import Snapshot
 
 _GIB = 1024**3

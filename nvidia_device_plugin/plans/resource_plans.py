@@ -41,11 +41,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from nvidia_device_plugin.base.errors import ConfigError, InventoryError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, Sharing, SharingMode
 from nvidia_device_plugin.devices import Gpu, Inventory
-from nvidia_device_plugin.errors import ConfigError, InventoryError
-from nvidia_device_plugin.mig_layout import MigLayoutViolation, mig_layout_violations
-from nvidia_device_plugin.resources import AdvertisedDevice, ResourcePlan, base_resources, replica_of
+from nvidia_device_plugin.plans.mig_layout import MigLayoutViolation, mig_layout_violations
+from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan, base_resources, replica_of
 
 # An MPS server takes at most 48 client processes per GPU (Volta and newer), so more replicas would
 # advertise devices whose pods cannot connect.

@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # only named in annotations: the daemon hands over these obje
     from nvidia_device_plugin.config.v1 import Config
     from nvidia_device_plugin.devices import Inventory
     from nvidia_device_plugin.health.registry import HealthRegistry
+    from nvidia_device_plugin.plans.resources import ResourcePlan
     from nvidia_device_plugin.plugin.manager import PluginManager
-    from nvidia_device_plugin.resources import ResourcePlan
 
 log = logging.getLogger(__name__)
 

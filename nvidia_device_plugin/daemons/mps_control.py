@@ -33,15 +33,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nvidia_device_plugin.base.errors import NvmlError
+from nvidia_device_plugin.base.workers import WorkerGroup
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
-from nvidia_device_plugin.errors import NvmlError
 from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor, daemon_specs
 from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
-from nvidia_device_plugin.workers import WorkerGroup
 
 log = logging.getLogger(__name__)
 
