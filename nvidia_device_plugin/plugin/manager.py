@@ -64,7 +64,7 @@ class PluginManager:
         min_retry_seconds: float = 0.05,
         max_retry_seconds: float = 2.0,
         register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
-        stream_grace_seconds: float | None = None,
+        stream_grace_seconds: float = KUBELET_STREAM_GRACE_S,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / kubelet_socket
@@ -72,7 +72,7 @@ class PluginManager:
         self._min_retry = min_retry_seconds
         self._max_retry = max_retry_seconds
         self._register_timeout = register_timeout_seconds
-        self._stream_grace = KUBELET_STREAM_GRACE_S if stream_grace_seconds is None else stream_grace_seconds
+        self._stream_grace = stream_grace_seconds
         # Shared with the registrar, which the manager tells what happened through its verbs.
         self._state: RegistrationState[ResourceServer] = RegistrationState(
             Backoff(min_retry_seconds, max_retry_seconds)
