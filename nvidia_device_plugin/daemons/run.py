@@ -46,7 +46,7 @@ from nvidia_device_plugin.health.registry import (
 )
 from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
+from nvidia_device_plugin.plugin.manager import KUBELET_STREAM_GRACE_S, PluginManager, ResourceSpec
 from nvidia_device_plugin.serving.backend import GpuResourceBackend
 from nvidia_device_plugin.serving.imex import imex_problem, imex_summary
 from nvidia_device_plugin.sharing.mps import shared_devices
@@ -82,6 +82,8 @@ class DaemonOptions:
     # Where the DRA mode finds the node's kubelet and API (cli/dra.py); the config's dra.enabled turns it on.
     dra: DraOptions | None = None
     rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S  # how often GPUs held as lost are read again
+    # How long a registered resource may go without kubelet's ListAndWatch stream before /healthz fails.
+    kubelet_stream_grace_s: float = KUBELET_STREAM_GRACE_S
 
 
 class Daemon(DraWiring):
@@ -91,7 +93,12 @@ class Daemon(DraWiring):
         self.options = options
         self.registry = HealthRegistry()
         self.metrics = DaemonMetrics(self)
-        self.manager = PluginManager(options.plugin_dir, options.kubelet_socket, events=self.metrics)
+        self.manager = PluginManager(
+            options.plugin_dir,
+            options.kubelet_socket,
+            events=self.metrics,
+            stream_grace_seconds=options.kubelet_stream_grace_s,
+        )
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
         # CDI specs of the served snapshot (cdi-annotations / cdi-cri), keeping the names kubelet's

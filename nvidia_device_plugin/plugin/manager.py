@@ -27,10 +27,10 @@ from nvidia_device_plugin.plugin.registrar import (
     Registrar,
     RegistrarHooks,
     RegistrarSettings,
-    RegistrationState,
     waiting_for_kubelet,
 )
 from nvidia_device_plugin.plugin.registration import REGISTER_TIMEOUT_SECONDS
+from nvidia_device_plugin.plugin.registration_state import Backoff, RegistrationState
 from nvidia_device_plugin.plugin.server import ResourceBackend, ResourceServer
 from nvidia_device_plugin.plugin.unix_server import BindError
 
@@ -42,14 +42,6 @@ KUBELET_SOCKET = "kubelet.sock"
 # for the case where that does not help (a Register timeout is 15 s). With the liveness probe's 6 x 10 s,
 # the pod restarts about 90 s after kubelet stopped watching.
 KUBELET_STREAM_GRACE_S = 30.0
-# A kubelet stream that lived at least this long was a working registration: the next loss of it is
-# answered at once; shorter ones in a row back off (min_retry doubling to max_retry).
-_STABLE_STREAM_S = 10.0
-# After kubelet's stream of a resource ended (our stop included), kubelet's client of that stream looks up
-# the resource's current client and disconnects it; a registration landing before that look-up would be
-# the one disconnected, and one still dialling would be left half-connected. Real kubelet looks within
-# milliseconds; the same kubelet is given this long. Not after a kubelet restart: that kubelet is gone.
-REGISTER_SETTLE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -72,7 +64,7 @@ class PluginManager:
         min_retry_seconds: float = 0.05,
         max_retry_seconds: float = 2.0,
         register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
-        stream_grace_seconds: float | None = None,
+        stream_grace_seconds: float = KUBELET_STREAM_GRACE_S,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / kubelet_socket
@@ -80,16 +72,16 @@ class PluginManager:
         self._min_retry = min_retry_seconds
         self._max_retry = max_retry_seconds
         self._register_timeout = register_timeout_seconds
-        self._stream_grace = KUBELET_STREAM_GRACE_S if stream_grace_seconds is None else stream_grace_seconds
-        # Shared with the registrar; the containers are aliased here for reading, the scalar is not.
-        self._state = state = RegistrationState()
-        self._servers, self._registered, self._pending = state.servers, state.registered, state.pending
-        self._requests, self._rebind = state.requests, state.rebind
-        self._not_before, self._losses = state.not_before, state.losses
-        self._lock, self._serving, self._wake = state.lock, state.serving, state.wake
+        self._stream_grace = stream_grace_seconds
+        # Shared with the registrar, which the manager tells what happened through its verbs.
+        self._state: RegistrationState[ResourceServer] = RegistrationState(
+            Backoff(min_retry_seconds, max_retry_seconds)
+        )
         self._failures = FailureLog(log)
         self._registrar: Registrar | None = None
-        self._watch = DirectoryWatch(plugin_dir, self._on_path_event, self._reregister_all, self._failures)
+        self._watch = DirectoryWatch(
+            plugin_dir, self._on_path_event, self._state.kubelet_restarted, self._failures
+        )
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -108,7 +100,7 @@ class PluginManager:
 
     def _start_registrar(self) -> None:
         settings = RegistrarSettings(
-            self.kubelet_socket, self._min_retry, self._max_retry, self._register_timeout, REGISTER_SETTLE_S
+            self.kubelet_socket, self._min_retry, self._max_retry, self._register_timeout
         )
         hooks = RegistrarHooks(
             self._watch.keep, self._bind, self._kubelet_restarted, self._failures, self._events
@@ -121,14 +113,8 @@ class PluginManager:
             self._registrar.stop()
             self._registrar = None
         self._watch.stop()
-        with self._serving:
-            with self._lock:
-                servers = list(self._servers.values())
-                self._servers.clear()
-                self._registered.clear()
-                self._pending.clear()
-                self._rebind.clear()
-                self._not_before.clear()
+        with self._state.serving():
+            servers = self._state.clear()
             for server in servers:
                 server.stop()
                 log.info("stopped serving %s", server.resource_name)
@@ -140,11 +126,9 @@ class PluginManager:
             return "the plugin registrar is not running"
         if (problem := self._failures.reason(WATCH_FAILURE)) is not None:
             return problem
-        with self._lock:
-            missing = sorted(set(self._servers) - self._registered)
-            registered = [(n, self._servers[n]) for n in sorted(self._registered) if n in self._servers]
+        missing, registered = self._state.unregistered()
         if not missing:
-            return self._unwatched([(n, s.streams.missing_since()) for n, s in registered])
+            return self._unwatched([(n, s.streams.missing_since()) for n, s in registered.items()])
         reasons = [
             self._failures.reason(f"bind:{n}") or self._failures.reason(f"register:{n}") for n in missing
         ]
@@ -171,11 +155,10 @@ class PluginManager:
 
         A socket that cannot be bound now is logged and left to the registrar to retry; never raises for it.
         """
-        with self._serving:
-            with self._lock:
-                gone = [self._servers.pop(name) for name in list(self._servers) if name not in specs]
-                for server in gone:
-                    self._forget(server.resource_name)
+        with self._state.serving():
+            gone = self._state.keep_only(specs)
+            for server in gone:
+                self._forget_failures(server.resource_name)
             for server in gone:
                 server.stop()
                 log.info("stopped serving %s: no longer advertised", server.resource_name)
@@ -185,11 +168,10 @@ class PluginManager:
         if registrar is not None and not registrar.alive and not registrar.stopping.is_set():
             log.error("the plugin registrar had stopped; starting it again")
             self._start_registrar()
-        self._wake.set()
+        self._state.wake()
 
     def _apply_one(self, name: str, spec: ResourceSpec) -> None:
-        with self._lock:
-            existing = self._servers.get(name)
+        existing = self._state.server(name)
         socket_path = self.plugin_dir / spec.socket_name
         if existing is not None and existing.socket_path == socket_path:
             existing.backend = spec.backend
@@ -197,27 +179,18 @@ class PluginManager:
             return
         if existing is not None:
             existing.stop()
-            with self._lock:
-                self._forget(name)
+            self._state.forget(name)
+            self._forget_failures(name)
         server = ResourceServer(
             name, socket_path, spec.backend, events=self._events, on_kubelet_stream_end=self._stream_ended
         )
         bound = self._bind(server)
-        with self._lock:
-            self._servers[name] = server
-            self._pending[name] = next(self._requests)
-            if not bound:
-                self._rebind.add(name)
+        self._state.want(name, server, bound)
         if bound:
             log.info("serving %s on %s", name, socket_path)
 
-    def _forget(self, name: str) -> None:
-        """Under self._lock: drop every piece of state kept for resource `name`."""
-        self._registered.discard(name)
-        self._pending.pop(name, None)
-        self._rebind.discard(name)
-        self._not_before.pop(name, None)
-        self._losses.pop(name, None)
+    def _forget_failures(self, name: str) -> None:
+        """Resource `name` is no longer served (the state forgot it): its failures are no longer said."""
         self._failures.clear(f"bind:{name}")
         self._failures.clear(f"register:{name}")
 
@@ -232,22 +205,18 @@ class PluginManager:
 
     def notify(self, resource: str | None = None) -> None:
         """Devices of `resource` (all when None) changed: push new ListAndWatch lists at once."""
-        with self._lock:
-            servers = [s for n, s in self._servers.items() if resource is None or n == resource]
+        servers = [s for n, s in self._state.servers().items() if resource is None or n == resource]
         for server in servers:
             server.notify()
 
     def registered(self) -> set[str]:
-        with self._lock:
-            return set(self._registered)
+        return self._state.registered()
 
     def served(self) -> set[str]:
-        with self._lock:
-            return set(self._servers)
+        return self._state.served()
 
     def all_registered(self) -> bool:
-        with self._lock:
-            return bool(self._servers) and self._registered == set(self._servers)
+        return self._state.all_registered()
 
     # ---- kubelet restarts -------------------------------------------------------------------
 
@@ -256,48 +225,22 @@ class PluginManager:
             self._kubelet_restarted(f"kubelet socket {path} created")
             return
         if kind == "deleted":
-            with self._lock:
-                for name, server in self._servers.items():
-                    if server.socket_path == path and not server.socket_intact():
-                        self._socket_lost(name)
-            self._wake.set()
-
-    def _socket_lost(self, name: str) -> None:
-        """Under self._lock: resource `name` must be served anew on its socket, then registered again."""
-        self._state.socket_lost(name)
+            for name, server in self._state.servers().items():
+                if server.socket_path == path and not server.socket_intact():
+                    self._state.socket_lost(name, server)
+            self._state.wake()
 
     def _stream_ended(self, server: ResourceServer, lived_s: float, lost: bool) -> None:
-        """Kubelet's stream of `server` ended. When `lost` (not by our stop), register again so that kubelet
-        opens a new one: also while a registration is in flight (its request number changes, so its
-        success is not taken for a live stream)."""
+        """Kubelet's stream of `server` ended; when `lost`, it is registered again (after a delay, if any)."""
         name = server.resource_name
-        with self._lock:
-            self._state.stream_ended[name] = time.monotonic()
-            if not lost or self._servers.get(name) is not server:
-                return
-            streak = 0 if lived_s >= _STABLE_STREAM_S else self._losses.get(name, 0) + 1
-            self._losses[name] = streak
-            delay = 0.0 if streak <= 1 else min(self._min_retry * 2 ** (streak - 2), self._max_retry)
-            self._registered.discard(name)
-            self._pending[name] = next(self._requests)
-            self._not_before[name] = time.monotonic() + delay
-        log.info("registering %s again%s, so that kubelet opens a new stream", name, _after(delay))
-        self._wake.set()
+        delay = self._state.stream_ended(name, server, lived_s, lost)
+        if delay is not None:
+            log.info("registering %s again%s, so that kubelet opens a new stream", name, _after(delay))
 
     def _kubelet_restarted(self, why: str) -> None:
         log.info("%s: kubelet (re)started, re-registering all resources", why)
         self._events.kubelet_restarted()
-        self._reregister_all()
-
-    def _reregister_all(self) -> None:
-        with self._lock:
-            self._rebind.update(self._servers)
-            self._pending.update({name: next(self._requests) for name in self._servers})
-            self._registered.clear()
-            self._state.kubelet_inode = None
-            self._not_before.clear()  # a new kubelet: no reason to hold back
-            self._state.stream_ended.clear()
-        self._wake.set()
+        self._state.kubelet_restarted()
 
 
 def _after(delay: float) -> str:

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.config.v1 import Config, Flags
-from nvidia_device_plugin.plugin import manager as manager_module
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
@@ -82,13 +81,10 @@ def healthz(port: int) -> tuple[int, str]:
         connection.close()
 
 
-def test_healthz_fails_while_a_registered_resource_has_no_kubelet_stream(
-    plugin_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(manager_module, "KUBELET_STREAM_GRACE_S", 0.2)
+def test_healthz_fails_while_a_registered_resource_has_no_kubelet_stream(plugin_dir: Path) -> None:
     # Kubelet accepts Register, but its client never opens the stream: nothing reaches kubelet.
     with KubeletStandIn(plugin_dir, watch=False) as kubelet:
-        daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0")
+        daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0", kubelet_stream_grace_s=0.2)
         try:
             assert kubelet.wait_for(daemon.manager.all_registered)
             assert daemon.probes is not None
