@@ -12,6 +12,7 @@ kubelet restarted) with what the GPU side reports, so the framework is handed it
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from nvidia_device_plugin.plugin.events import CallError as CallError
@@ -19,14 +20,42 @@ from nvidia_device_plugin.plugin.events import CallMethod as CallMethod
 from nvidia_device_plugin.plugin.events import PluginEvents
 
 
+class CauseKind(enum.Enum):
+    """Why a physical device went down or came back: what a DRA taint, a metric or a log line branches on."""
+
+    XID = "xid"  # a critical XID (HealthCause.xid says which)
+    DOUBLE_BIT_ECC = "double-bit-ecc"  # an uncorrectable ECC error NVML reported without an XID
+    LOST = "lost"  # GPU_IS_LOST, not found, or unreadable probe after probe while served
+    LOST_AT_START_UP = "lost-at-start-up"  # discovery could not read it: it has served nothing yet
+    NVML_STUCK = "nvml-stuck"  # an NVML call on it never returned (nvml/bounded.py)
+    RECOVERED = "recovered"  # health.recovery brought it back
+    REDISCOVERED = "rediscovered"  # lost at start-up, read whole by a reload's discovery
+
+
+@dataclass(frozen=True)
+class HealthCause:
+    """Why a device's health changed, typed: decided where the fault is seen, never parsed back."""
+
+    kind: CauseKind
+    message: str  # operator-readable, e.g. "XID 79 (GPU has fallen off the bus)" or "GPU lost"
+    xid: int | None = None  # the XID, for kind XID
+
+
 @dataclass(frozen=True)
 class HealthChange:
-    """A physical device (GPU or MIG UUID) became healthy or unhealthy."""
+    """A physical device (GPU or MIG UUID) became healthy or unhealthy, and why."""
 
     uuid: str
     healthy: bool
-    reason: str  # operator-readable, e.g. "XID 79 (GPU has fallen off the bus)" or "GPU lost"
-    xid: int | None = None
+    cause: HealthCause
+
+    @property
+    def reason(self) -> str:
+        return self.cause.message
+
+    @property
+    def xid(self) -> int | None:
+        return self.cause.xid
 
 
 class Events(PluginEvents):

@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import pynvml
-
 from nvidia_device_plugin.base.errors import DevicePluginError, NvmlError
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
@@ -25,7 +23,7 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import DiscoveryProblem, Inventory
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.discovery import discover
-from nvidia_device_plugin.nvml.errors import NVML_CALL_STUCK
+from nvidia_device_plugin.nvml.errors import means_lost
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plans.device_lists import check_device_list_sizes
 from nvidia_device_plugin.plans.mig_layout import MigLayoutViolation, mig_layout_violations
@@ -125,7 +123,6 @@ RELOAD_RETRY_MAX_S = 60.0
 # again but is still lost after the re-discovery is checked less often, up to REDISCOVERY_BACKOFF_MAX_S.
 REDISCOVERY_INTERVAL_S = 5.0
 REDISCOVERY_BACKOFF_MAX_S = 300.0
-_REREAD_CODES = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, NVML_CALL_STUCK})
 
 Apply = Callable[[Snapshot, Snapshot], None]  # (new, old): make the daemon act on `new` instead of `old`
 
@@ -312,7 +309,7 @@ def _unread_gpus(inventory: Inventory) -> list[int]:
     unopened = {
         p.gpu_index
         for p in inventory.problems
-        if p.gpu_index is not None and p.gpu_index not in held and p.code in _REREAD_CODES
+        if p.gpu_index is not None and p.gpu_index not in held and means_lost(p.code)
     }
     return sorted({*lost, *unopened})
 

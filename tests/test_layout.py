@@ -129,3 +129,43 @@ def test_the_package_rules_hold() -> None:
 def test_few_modules_stand_loose_in_the_package() -> None:
     loose = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in {"__init__", "__main__"})
     assert 0 < len(loose) <= LOOSE_MODULES_AT_MOST, f"give these a room: {loose}"
+
+
+def _imported(path: Path) -> set[str]:
+    """The dotted names `path` imports, anywhere in the file ("pynvml", "nvidia_device_plugin.events")."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def _modules() -> dict[str, Path]:
+    return {str(p.relative_to(PACKAGE)): p for p in PACKAGE.rglob("*.py") if "_pb2" not in p.name}
+
+
+def test_only_the_nvml_seam_imports_pynvml() -> None:
+    found = sorted(
+        name
+        for name, path in _modules().items()
+        if not name.startswith("nvml/") and any(n.split(".")[0] == "pynvml" for n in _imported(path))
+    )
+    assert found == [], f"only nvml/ may import pynvml (ask nvml/errors.py what an error means): {found}"
+
+
+def test_no_health_reason_is_parsed_back_by_a_regex() -> None:
+    """A health cause is typed (events.HealthCause: kind, XID, message) where the fault is seen: a module
+    of health/, or of dra/ that reads health, has no `re` to parse a reason string back."""
+    reads_health = ("nvidia_device_plugin.events", "nvidia_device_plugin.health")
+    imports = {name: _imported(path) for name, path in _modules().items()}
+    checked = {
+        name: imported
+        for name, imported in imports.items()
+        if name.startswith("health/")
+        or (name.startswith("dra/") and any(n.startswith(reads_health) for n in imported))
+    }
+    assert "dra/taints.py" in checked and "health/registry.py" in checked
+    found = sorted(name for name, imported in checked.items() if "re" in imported)
+    assert found == [], f"these parse with `re` where a typed health cause should be read: {found}"

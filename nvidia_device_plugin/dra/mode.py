@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,9 @@ from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Readi
 from nvidia_device_plugin.dra.podresources import list_pod_devices
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
 from nvidia_device_plugin.dra.slices import node_devices
-from nvidia_device_plugin.dra.taints import TaintBook
+from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health.registry import Verdict
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
 from nvidia_device_plugin.snapshot import Snapshot
@@ -54,7 +55,7 @@ class DraMode:
     def __init__(
         self,
         options: DraOptions,
-        unhealthy: dict[str, str],
+        verdicts: Callable[[], Mapping[str, Verdict]],
         on_owners_changed: Callable[[], None],
         host: HostPaths | None = None,
         cdi_spec_dir: Path = Path("/var/run/cdi"),
@@ -65,7 +66,7 @@ class DraMode:
         self._lock = threading.Lock()
         self._owners = Owners()
         self._snapshot: Snapshot | None = None
-        self.taints = TaintBook(unhealthy)
+        self.taints = HealthTaints(verdicts)
         self._failures = FailureLog(log)
         self._wake = threading.Event()
         client = options.api_client()
@@ -95,8 +96,7 @@ class DraMode:
             self._wake.set()
 
     def on_health_change(self, change: HealthChange) -> None:
-        if self.taints.apply(change):
-            self._publish()
+        self._publish()  # the registry calls only on a flip: a taint appeared or went
 
     def plugin_plans(self, plans: Sequence[ResourcePlan]) -> tuple[ResourcePlan, ...]:
         """`plans` with only the devices of GPUs the device plugin owns now (empty plans stay: their

@@ -16,7 +16,7 @@ from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.attributes import Json, device_entry
 from nvidia_device_plugin.dra.names import DRIVER_NAME, published_devices
 from nvidia_device_plugin.dra.sharing import plugin_views
-from nvidia_device_plugin.dra.taints import TaintBook
+from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.dra.topology import nvlink_domains, pcie_switches
 from nvidia_device_plugin.plans.resources import ResourcePlan
 
@@ -29,7 +29,7 @@ def node_devices(
     inventory: Inventory,
     plans: Sequence[ResourcePlan],
     owned: Collection[str],
-    taints: TaintBook | None = None,
+    taints: HealthTaints | None = None,
 ) -> list[Json]:
     """The `Device` entries of the GPUs in `owned` (GPU UUIDs), with their taints."""
     topology = (nvlink_domains(inventory), pcie_switches(inventory))

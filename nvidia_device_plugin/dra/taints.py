@@ -1,12 +1,13 @@
-"""Device taints from health: the XID monitor's verdicts, as DRA taints on the devices they take down.
+"""Device taints from health: the health registry's verdicts, as DRA taints on the devices they take down.
 
-The health registry (health/registry.py) is the one place that decides who is unhealthy; this module
-only says how a verdict reads on a DRA device, and keeps the verdicts with what a taint needs and the
-registry does not keep (the XID, when the taint appeared):
+The health registry (health/registry.py) is the one place that decides who is unhealthy, and keeps each
+verdict's typed cause and since when; a device's taints are a function of the device and those verdicts
+(as NVIDIA's DRA driver derives a taint from a health event, healthEventToTaint), kept nowhere else:
 
 * a critical XID: `gpu.nvidia.com/xid=<n>`, NoSchedule;
 * a lost GPU (GPU_IS_LOST, or lost at start-up): `gpu.nvidia.com/gpu-lost`, NoSchedule;
-* anything else (a double-bit ECC error without an XID): `gpu.nvidia.com/unhealthy`, NoSchedule.
+* anything else (a double-bit ECC error without an XID, a stuck NVML call): `gpu.nvidia.com/unhealthy`,
+  NoSchedule (value `double-bit-ecc` for the former).
 
 NoSchedule keeps new claims off the device and leaves running pods alone, as the device plugin's
 Unhealthy does; a taint goes when the device recovers under the existing rules (health.recovery). A
@@ -15,20 +16,18 @@ GPU's taint applies to its MIG devices too (health_dependencies: a GPU takes its
 
 from __future__ import annotations
 
-import re
-import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice
-from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST
-from nvidia_device_plugin.health.registry import REASON_LOST_AT_START_UP
+from nvidia_device_plugin.events import CauseKind, HealthCause
+from nvidia_device_plugin.health.registry import Verdict
 
 XID_TAINT = f"{DRIVER_NAME}/xid"
 LOST_TAINT = f"{DRIVER_NAME}/gpu-lost"
 UNHEALTHY_TAINT = f"{DRIVER_NAME}/unhealthy"
-_XID_REASON = re.compile(r"^XID (\d+)\b")
+_LOST_KINDS = frozenset({CauseKind.LOST, CauseKind.LOST_AT_START_UP})
 
 
 @dataclass(frozen=True)
@@ -46,46 +45,36 @@ class Taint:
         return out
 
 
-def taint_for(reason: str, xid: int | None) -> tuple[str, str | None]:
-    """(key, value) of the taint a health verdict gives."""
-    if xid is None and (match := _XID_REASON.match(reason)) is not None:
-        xid = int(match[1])  # a verdict seeded from the registry, which keeps only the reason
-    if xid is not None:
-        return XID_TAINT, str(xid)
-    if reason in (REASON_LOST, REASON_LOST_AT_START_UP):
+def taint_for(cause: HealthCause) -> tuple[str, str | None]:
+    """(key, value) of the taint a health cause gives."""
+    if cause.kind is CauseKind.XID and cause.xid is not None:
+        return XID_TAINT, str(cause.xid)
+    if cause.kind in _LOST_KINDS:
         return LOST_TAINT, None
-    return UNHEALTHY_TAINT, "double-bit-ecc" if reason == REASON_DOUBLE_BIT_ECC else None
+    return UNHEALTHY_TAINT, "double-bit-ecc" if cause.kind is CauseKind.DOUBLE_BIT_ECC else None
 
 
-class TaintBook:
-    """The current taint of each unhealthy physical device (GPU or MIG UUID); thread-safe."""
+def device_taints(device: DraDevice, verdicts: Mapping[str, Verdict]) -> list[Taint]:
+    """The taints of `device` under `verdicts` (physical UUID -> verdict): its GPU's, then its own (a MIG
+    device's), each key once."""
+    unique: dict[str, Taint] = {}
+    for uuid in (device.gpu.uuid, device.uuid):
+        verdict = verdicts.get(uuid)
+        if verdict is not None:
+            key, value = taint_for(verdict.cause)
+            unique.setdefault(key, Taint(key, value, _rfc3339(verdict.since)))
+    return list(unique.values())
 
-    def __init__(self, unhealthy: dict[str, str] | None = None) -> None:
-        self._lock = threading.Lock()
-        self._taints: dict[str, Taint] = {}
-        for uuid, reason in (unhealthy or {}).items():
-            self._taints[uuid] = Taint(*taint_for(reason, None), _now())
 
-    def apply(self, change: HealthChange) -> bool:
-        """Record `change`; True when a device's taint appeared or went."""
-        with self._lock:
-            if change.healthy:
-                return self._taints.pop(change.uuid, None) is not None
-            if change.uuid in self._taints:
-                return False  # the first cause stays, as the registry keeps the first reason
-            self._taints[change.uuid] = Taint(*taint_for(change.reason, change.xid), _now())
-            return True
+class HealthTaints:
+    """The taints of DRA devices, read from the health registry's verdicts each time they are asked."""
+
+    def __init__(self, verdicts: Callable[[], Mapping[str, Verdict]]) -> None:
+        self._verdicts = verdicts
 
     def taints(self, device: DraDevice) -> list[Taint]:
-        """The taints of `device`: its GPU's, then its own (a MIG device's), each key once."""
-        with self._lock:
-            found = [self._taints.get(device.gpu.uuid), self._taints.get(device.uuid)]
-        unique: dict[str, Taint] = {}
-        for taint in found:
-            if taint is not None:
-                unique.setdefault(taint.key, taint)
-        return list(unique.values())
+        return device_taints(device, self._verdicts())
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _rfc3339(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -53,7 +53,7 @@ class DraWiring:
         if self.dra is None and snapshot.config.dra.enabled and options is not None:
             self.dra = DraMode(
                 options,
-                self.registry.unhealthy(),
+                self.registry.verdicts,
                 self._on_dra_owners_changed,
                 host=self.nvml.host if self.nvml is not None else None,
                 cdi_spec_dir=Path(snapshot.config.flags.plugin.cdi_spec_dir),

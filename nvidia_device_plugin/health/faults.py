@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.config.v1 import Health
 from nvidia_device_plugin.devices import Gpu, Inventory, describe
-from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health.policy import REASON_LOST, stuck_reason
+from nvidia_device_plugin.events import HealthCause, HealthChange
+from nvidia_device_plugin.health.policy import LOST, RECOVERED, stuck_cause
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.api import NvmlApi
@@ -87,10 +87,8 @@ class FaultTracker:
         fault = self._faults.get(uuid)
         return fault is not None and fault.lost
 
-    def fault(
-        self, gpu: Gpu, uuid: str, reason: str, xid: int | None, now: float, lost: bool = False
-    ) -> None:
-        """Mark `uuid` (a GPU, or a MIG device on `gpu`) unhealthy for `reason`."""
+    def fault(self, gpu: Gpu, uuid: str, cause: HealthCause, now: float, lost: bool = False) -> None:
+        """Mark `uuid` (a GPU, or a MIG device on `gpu`) unhealthy for `cause`."""
         fault = self._faults.get(uuid)
         if fault is None:
             self._faults[uuid] = Fault(
@@ -104,16 +102,16 @@ class FaultTracker:
             fault.last_bad_at = now
             fault.lost = fault.lost or lost
             fault.was_lost = fault.was_lost or lost
-        if self._registry.mark(HealthChange(uuid=uuid, healthy=False, reason=reason, xid=xid)):
+        if self._registry.mark(HealthChange(uuid=uuid, healthy=False, cause=cause)):
             # DEBUG: the registry's subscriber (the daemon) logs the one line, with the resources affected.
-            log.debug("%s is unhealthy: %s", describe(self._inventory, uuid), reason)
+            log.debug("%s is unhealthy: %s", describe(self._inventory, uuid), cause.message)
 
     def mark_lost(self, gpu: Gpu, now: float, stuck_call: str | None = None) -> bool:
         """Mark `gpu` lost: unreadable, or (`stuck_call` given) waiting on an NVML call the driver never
         answered, which names the call in the reason. True when it was not lost before."""
         fault = self._faults.get(gpu.uuid)
-        reason = REASON_LOST if stuck_call is None else stuck_reason(stuck_call)
-        self.fault(gpu, gpu.uuid, reason, None, now, lost=True)
+        cause = LOST if stuck_call is None else stuck_cause(stuck_call)
+        self.fault(gpu, gpu.uuid, cause, now, lost=True)
         return fault is None or not fault.lost
 
     def recover(self, now: float) -> bool:
@@ -135,7 +133,7 @@ class FaultTracker:
                 continue
             del self._faults[uuid]
             self._failures.clear(f"blocker {uuid}")
-            if self._registry.mark(HealthChange(uuid=uuid, healthy=True, reason="recovered")):
+            if self._registry.mark(HealthChange(uuid=uuid, healthy=True, cause=RECOVERED)):
                 log.debug(
                     "%s is healthy again: no critical event for %gs, NVML reads it, and no ECC, row "
                     "remapping or recovery-action fault",

@@ -58,11 +58,7 @@ from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.events import NO_EVENTS, Events
 from nvidia_device_plugin.health.faults import LOST_AFTER_FAILED_PROBES, FaultTracker, HealthScope
 from nvidia_device_plugin.health.ignored import IgnoredXidLog
-from nvidia_device_plugin.health.policy import (
-    REASON_DOUBLE_BIT_ECC,
-    attribute_xid,
-    xid_reason,
-)
+from nvidia_device_plugin.health.policy import DOUBLE_BIT_ECC, attribute_xid, xid_cause
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.api import EventSetHandle, NvmlApi
@@ -244,7 +240,7 @@ class HealthMonitor(Worker):
                 )
             return
         if event.kind == "double-bit-ecc":
-            self._faults.fault(gpu, gpu.uuid, REASON_DOUBLE_BIT_ECC, None, now)
+            self._faults.fault(gpu, gpu.uuid, DOUBLE_BIT_ECC, now)
         elif event.kind == "xid" and event.xid is not None:
             critical = self._policy.is_critical(event.xid)
             self._events.xid_seen(gpu.uuid, event.xid, critical)
@@ -252,7 +248,7 @@ class HealthMonitor(Worker):
                 self._ignored.record(now, gpu.label, event.xid)
                 return
             for uuid in attribute_xid(gpu, event.gpu_instance_id, event.compute_instance_id):
-                self._faults.fault(gpu, uuid, xid_reason(event.xid), event.xid, now)
+                self._faults.fault(gpu, uuid, xid_cause(event.xid), now)
 
     def _urgent_liveness_check(self, now: float) -> set[str]:
         """A liveness check out of turn, at most once per _URGENT_CHECK_MIN_S."""

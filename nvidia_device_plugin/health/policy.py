@@ -13,14 +13,23 @@ Decisions where NVIDIA's plugin (internal/rm/health.go) differs or is silent:
 from __future__ import annotations
 
 from nvidia_device_plugin.devices import Gpu
+from nvidia_device_plugin.events import CauseKind, HealthCause
 
 REASON_LOST = "GPU lost"
 REASON_DOUBLE_BIT_ECC = "double-bit ECC error"
+LOST = HealthCause(CauseKind.LOST, REASON_LOST)
+DOUBLE_BIT_ECC = HealthCause(CauseKind.DOUBLE_BIT_ECC, REASON_DOUBLE_BIT_ECC)
+RECOVERED = HealthCause(CauseKind.RECOVERED, "recovered")
 
 
 def stuck_reason(call: str) -> str:
     """The reason recorded for a GPU whose NVML call `call` did not return (nvml/bounded.py)."""
     return f"NVML call {call} stuck" if call else "NVML call stuck"
+
+
+def stuck_cause(call: str) -> HealthCause:
+    """The cause recorded for a GPU whose NVML call `call` did not return (nvml/bounded.py)."""
+    return HealthCause(CauseKind.NVML_STUCK, stuck_reason(call))
 
 
 # Names of XIDs an operator is likely to meet, from NVIDIA's XID catalogue, for log lines only.
@@ -53,6 +62,11 @@ def xid_reason(xid: int) -> str:
     """The reason string recorded for a critical XID, e.g. "XID 79 (GPU has fallen off the bus)"."""
     name = _XID_NAMES.get(xid)
     return f"XID {xid} ({name})" if name else f"XID {xid}"
+
+
+def xid_cause(xid: int) -> HealthCause:
+    """The cause recorded for a critical XID: its number, and xid_reason's words."""
+    return HealthCause(CauseKind.XID, xid_reason(xid), xid)
 
 
 def attribute_xid(gpu: Gpu, gpu_instance_id: int | None, compute_instance_id: int | None) -> list[str]:

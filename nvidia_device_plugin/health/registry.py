@@ -14,11 +14,12 @@ import logging
 import threading
 from collections.abc import Callable, Container
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health.policy import REASON_LOST
+from nvidia_device_plugin.events import CauseKind, HealthCause, HealthChange
+from nvidia_device_plugin.health.policy import LOST
 from nvidia_device_plugin.plans.resources import AdvertisedDevice
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,18 @@ class UnhealthyIds:
         return device.id not in self.ids and not any(u in self.ids for u in health_dependencies(device))
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """Why a physical device is unhealthy, and since when (wall clock, UTC): what a DRA taint reads."""
+
+    cause: HealthCause
+    since: datetime
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class HealthRegistry:
     """Thread-safe record of unhealthy physical devices with push notification of changes.
 
@@ -60,17 +73,18 @@ class HealthRegistry:
     not stop delivery to the others.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wall_clock: Callable[[], datetime] = _utc_now) -> None:
+        self._wall_clock = wall_clock
         self._state_lock = threading.Lock()
         # Re-entrant so a listener may itself call mark() on the delivering thread.
         self._delivery_lock = threading.RLock()
-        self._unhealthy: dict[str, str] = {}
+        self._unhealthy: dict[str, Verdict] = {}
         self._listeners: list[HealthListener] = []
 
     def mark(self, change: HealthChange) -> bool:
         """Apply `change`; True (and listeners notified) only when healthy/unhealthy actually flipped.
 
-        A device that is already unhealthy keeps the reason that first took it down: later XIDs on a
+        A device that is already unhealthy keeps the cause that first took it down: later XIDs on a
         broken GPU are usually consequences, and the first cause is what an operator needs.
         """
         with self._delivery_lock:
@@ -83,7 +97,7 @@ class HealthRegistry:
                 else:
                     if was_unhealthy:
                         return False
-                    self._unhealthy[change.uuid] = change.reason
+                    self._unhealthy[change.uuid] = Verdict(change.cause, self._wall_clock())
                 listeners = tuple(self._listeners)
             for listener in listeners:
                 try:
@@ -93,7 +107,12 @@ class HealthRegistry:
         return True
 
     def unhealthy(self) -> dict[str, str]:
-        """Physical UUID (GPU or MIG) -> reason, as a copy."""
+        """Physical UUID (GPU or MIG) -> reason (its cause's message), as a copy."""
+        with self._state_lock:
+            return {uuid: verdict.cause.message for uuid, verdict in self._unhealthy.items()}
+
+    def verdicts(self) -> dict[str, Verdict]:
+        """Physical UUID (GPU or MIG) -> its typed cause and since when, as a copy."""
         with self._state_lock:
             return dict(self._unhealthy)
 
@@ -104,9 +123,9 @@ class HealthRegistry:
         """Why `device` is unhealthy (its GPU's reason first, as that is the wider failure), else None."""
         with self._state_lock:
             for uuid in reversed(health_dependencies(device)):
-                reason = self._unhealthy.get(uuid)
-                if reason is not None:
-                    return reason
+                verdict = self._unhealthy.get(uuid)
+                if verdict is not None:
+                    return verdict.cause.message
         return None
 
     def subscribe(self, listener: HealthListener) -> Callable[[], None]:
@@ -123,6 +142,8 @@ class HealthRegistry:
 
 
 REASON_LOST_AT_START_UP = "GPU lost at start-up"
+LOST_AT_START_UP = HealthCause(CauseKind.LOST_AT_START_UP, REASON_LOST_AT_START_UP)
+REDISCOVERED = HealthCause(CauseKind.REDISCOVERED, "re-discovered: read whole again")
 
 
 def mark_lost_at_start_up(registry: HealthRegistry, inventory: Inventory) -> None:
@@ -130,7 +151,7 @@ def mark_lost_at_start_up(registry: HealthRegistry, inventory: Inventory) -> Non
     the health monitor adopts them and keeps probing them."""
     for gpu in inventory.gpus:
         if gpu.lost:
-            registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, reason=REASON_LOST_AT_START_UP))
+            registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, cause=LOST_AT_START_UP))
 
 
 def mark_lost_on_reload(registry: HealthRegistry, inventory: Inventory) -> None:
@@ -138,7 +159,7 @@ def mark_lost_on_reload(registry: HealthRegistry, inventory: Inventory) -> None:
     is no start-up), so that no server of the new snapshot shows one Healthy for a moment."""
     for gpu in inventory.gpus:
         if gpu.lost:
-            registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, reason=REASON_LOST))
+            registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, cause=LOST))
 
 
 def bring_back_rediscovered(registry: HealthRegistry, inventory: Inventory) -> None:
@@ -151,7 +172,8 @@ def bring_back_rediscovered(registry: HealthRegistry, inventory: Inventory) -> N
     earlier, kubelet saw the GPU Healthy while the old snapshot (which knew none of its facts, its memory
     for the MPS limits among them) still answered Allocate.
     """
-    unhealthy = registry.unhealthy()
+    verdicts = registry.verdicts()
     for gpu in inventory.gpus:
-        if not gpu.lost and unhealthy.get(gpu.uuid) == REASON_LOST_AT_START_UP:
-            registry.mark(HealthChange(uuid=gpu.uuid, healthy=True, reason="re-discovered: read whole again"))
+        verdict = verdicts.get(gpu.uuid)
+        if not gpu.lost and verdict is not None and verdict.cause.kind is CauseKind.LOST_AT_START_UP:
+            registry.mark(HealthChange(uuid=gpu.uuid, healthy=True, cause=REDISCOVERED))

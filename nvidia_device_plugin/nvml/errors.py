@@ -69,6 +69,9 @@ _CODES: dict[int, tuple[NvmlErrorKind, str | None]] = {
 # NVLink beyond the ones it has. Discovery takes both as "absent", never as a problem.
 ABSENT = frozenset({NvmlErrorKind.NOT_SUPPORTED, NvmlErrorKind.INVALID_ARGUMENT})
 
+# What a GPU is served as lost for: NVML says it is, or a call on it never returned.
+LOST = frozenset({NvmlErrorKind.GPU_LOST, NvmlErrorKind.STUCK})
+
 
 def error_code(exc: BaseException) -> int:
     """NVML's return code of `exc` (-1 for an exception that is not an NVMLError)."""
@@ -77,8 +80,18 @@ def error_code(exc: BaseException) -> int:
 
 def classify(exc: BaseException) -> NvmlErrorKind:
     """The kind of NVML error `exc` is (OTHER for codes without a kind of their own, and non-NVML errors)."""
-    entry = _CODES.get(error_code(exc))
+    return kind_of_code(error_code(exc))
+
+
+def kind_of_code(code: int) -> NvmlErrorKind:
+    """The kind of NVML return code `code` (as a DiscoveryProblem keeps it); OTHER for codes without one."""
+    entry = _CODES.get(code)
     return entry[0] if entry is not None else NvmlErrorKind.OTHER
+
+
+def means_lost(code: int) -> bool:
+    """Whether NVML return code `code` takes a GPU out as lost (GPU_IS_LOST, or a call stuck)."""
+    return kind_of_code(code) in LOST
 
 
 def describe(exc: pynvml.NVMLError) -> str:

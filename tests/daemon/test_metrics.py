@@ -27,6 +27,7 @@ from nvidia_device_plugin.base.errors import ConfigError, DevicePluginError, Nvm
 from nvidia_device_plugin.config.v1 import Config, Flags, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.health.policy import RECOVERED
 from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager
@@ -323,7 +324,7 @@ def test_unhealthy_devices_show_with_reason_and_move_between_health_series(mixed
     assert value(families, changes, health="unhealthy") == 2
 
     # GPU 2 is declared healthy again (what recovery does), and one MIG slice on GPU 1 faults.
-    assert mixed.registry.mark(HealthChange(uuids[2], healthy=True, reason="recovered"))
+    assert mixed.registry.mark(HealthChange(uuids[2], healthy=True, cause=RECOVERED))
     sim.inject_xid(slice_on_gpu1, 94)
     families = scrape_until(mixed, lambda f: value(f, changes, health="unhealthy") == 3)
     assert value(families, devices, resource=MIG_3G, health="healthy") == 3

@@ -20,7 +20,7 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.dra.mode import DraOptions
 from nvidia_device_plugin.events import HealthChange
-from nvidia_device_plugin.health.policy import REASON_LOST
+from nvidia_device_plugin.health.policy import LOST
 from nvidia_device_plugin.plans.resources import physical_uuid_of
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
@@ -279,7 +279,7 @@ def test_a_lost_gpu_gets_its_own_taint(plugin_dir: Path, kubelet: KubeletStandIn
         wait_for(lambda: len(node.sliced()) == 4, "4 GPUs in the slices")
         # The monitor's verdict on a GPU that fell off (its liveness poll takes 5 s to say so; the verdict
         # is what the DRA side reads, through the registry, as from the monitor)
-        node.daemon.registry.mark(HealthChange(uuid=node.uuids[1], healthy=False, reason=REASON_LOST))
+        node.daemon.registry.mark(HealthChange(uuid=node.uuids[1], healthy=False, cause=LOST))
         wait_for(
             lambda: (
                 [t["key"] for t in node.api.devices()["gpu-1"].get("taints") or []]
@@ -302,14 +302,45 @@ def test_a_config_whose_dra_gpu_is_not_here_is_refused_and_the_last_good_one_kep
 
 def test_verdicts_read_as_taints() -> None:
     from nvidia_device_plugin.dra.taints import taint_for
-    from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC
-    from nvidia_device_plugin.health.registry import REASON_LOST_AT_START_UP
+    from nvidia_device_plugin.health.policy import DOUBLE_BIT_ECC, stuck_cause, xid_cause
+    from nvidia_device_plugin.health.registry import LOST_AT_START_UP
 
-    assert taint_for("XID 79 (GPU has fallen off the bus)", 79) == ("gpu.nvidia.com/xid", "79")
-    assert taint_for("XID 48 (double-bit ECC error)", None) == ("gpu.nvidia.com/xid", "48")  # seeded
-    assert (
-        taint_for(REASON_LOST, None)
-        == taint_for(REASON_LOST_AT_START_UP, None)
-        == ("gpu.nvidia.com/gpu-lost", None)
-    )
-    assert taint_for(REASON_DOUBLE_BIT_ECC, None) == ("gpu.nvidia.com/unhealthy", "double-bit-ecc")
+    assert taint_for(xid_cause(79)) == ("gpu.nvidia.com/xid", "79")
+    assert taint_for(xid_cause(48)) == ("gpu.nvidia.com/xid", "48")
+    assert taint_for(LOST) == taint_for(LOST_AT_START_UP) == ("gpu.nvidia.com/gpu-lost", None)
+    assert taint_for(DOUBLE_BIT_ECC) == ("gpu.nvidia.com/unhealthy", "double-bit-ecc")
+    assert taint_for(stuck_cause("nvmlDeviceGetMemoryInfo")) == ("gpu.nvidia.com/unhealthy", None)
+
+
+def test_a_device_s_taints_are_read_from_the_registry_s_verdicts() -> None:
+    """No second book: a verdict the registry held before anyone asked (as at DRA start-up) taints the
+    device with its XID and its time, a GPU's verdict taints its MIG devices, and recovery lifts both."""
+    from datetime import UTC, datetime
+
+    from nvidia_device_plugin.devices import Gpu, MigDevice
+    from nvidia_device_plugin.dra.names import DraDevice
+    from nvidia_device_plugin.dra.taints import HealthTaints
+    from nvidia_device_plugin.health.policy import RECOVERED, xid_cause
+    from nvidia_device_plugin.health.registry import HealthRegistry
+
+    mig = MigDevice("MIG-0", 0, "GPU-0", 0, "1g.10gb", 10 << 30, gpu_instance_id=1, compute_instance_id=0)
+    gpu = Gpu(0, "GPU-0", "NVIDIA A100-SXM4-80GB", 80 << 30, "00000000:07:00.0", 0, None, True, (mig,))
+    registry = HealthRegistry(wall_clock=lambda: datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    registry.mark(HealthChange(uuid=mig.uuid, healthy=False, cause=xid_cause(94)))
+    taints = HealthTaints(registry.verdicts)
+    whole, part = DraDevice("gpu-0", gpu), DraDevice("gpu-0-mig", gpu, mig)
+    assert taints.taints(whole) == []
+    assert [t.to_json() for t in taints.taints(part)] == [
+        {
+            "key": "gpu.nvidia.com/xid",
+            "value": "94",
+            "effect": "NoSchedule",
+            "timeAdded": "2026-01-02T03:04:05Z",
+        }
+    ]
+    registry.mark(HealthChange(uuid=gpu.uuid, healthy=False, cause=xid_cause(79)))
+    assert [(t.key, t.value) for t in taints.taints(part)] == [("gpu.nvidia.com/xid", "79")]  # one per key
+    assert [(t.key, t.value) for t in taints.taints(whole)] == [("gpu.nvidia.com/xid", "79")]
+    registry.mark(HealthChange(uuid=gpu.uuid, healthy=True, cause=RECOVERED))
+    registry.mark(HealthChange(uuid=mig.uuid, healthy=True, cause=RECOVERED))
+    assert taints.taints(whole) == taints.taints(part) == []

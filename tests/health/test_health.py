@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health, Recovery
-from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.events import CauseKind, HealthCause, HealthChange
 from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOST, xid_reason
 from nvidia_device_plugin.nvml.sim.node import load_node, parse_node
 
@@ -71,7 +71,9 @@ def test_a_critical_xid_marks_the_gpu_once_with_one_log_line(
     dgx.wait_unhealthy(gpu.uuid)
     dgx.settle(monitor, marker_gpu=0)  # listeners and the log line run just after the state changes
     assert dgx.unhealthy() == {gpu.uuid: "XID 79 (GPU has fallen off the bus)"}
-    assert dgx.changes == [HealthChange(gpu.uuid, False, "XID 79 (GPU has fallen off the bus)", 79)]
+    assert dgx.changes == [
+        HealthChange(gpu.uuid, False, HealthCause(CauseKind.XID, "XID 79 (GPU has fallen off the bus)", 79))
+    ]
     logged = lines(health_log, "is unhealthy")
     assert len(logged) == 1
     assert gpu.uuid in logged[0] and "GPU 3" in logged[0] and "XID 79" in logged[0]

@@ -6,7 +6,8 @@ import pytest
 
 from nvidia_device_plugin.base.errors import AllocationError
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.events import HealthChange
+from nvidia_device_plugin.events import CauseKind, HealthCause, HealthChange
+from nvidia_device_plugin.health.policy import LOST, RECOVERED
 from nvidia_device_plugin.health.registry import HealthRegistry, UnhealthyIds
 from nvidia_device_plugin.plans.resources import ResourcePlan, replica_id
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
@@ -17,6 +18,11 @@ GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
 GPU1 = "GPU-11111111-1111-1111-1111-111111111111"
 MIG0_0 = "MIG-00000000-aaaa-0000-0000-000000000000"
 MIG0_1 = "MIG-00000000-bbbb-0000-0000-000000000000"
+
+
+def xid(n: int) -> HealthCause:
+    """A critical XID's cause, in short words."""
+    return HealthCause(CauseKind.XID, f"XID {n}", n)
 
 
 def plans() -> list[ResourcePlan]:
@@ -52,7 +58,7 @@ def test_everything_is_healthy_at_first() -> None:
 
 def test_an_unhealthy_gpu_takes_down_its_replicas_and_mig_devices_in_every_resource() -> None:
     registry = HealthRegistry()
-    assert registry.mark(HealthChange(GPU0, healthy=False, reason="XID 79", xid=79))
+    assert registry.mark(HealthChange(GPU0, healthy=False, cause=xid(79)))
     assert unhealthy_ids(registry) == {
         GPU0,
         *(replica_id(m, r) for m in (MIG0_0, MIG0_1) for r in range(3)),
@@ -63,7 +69,7 @@ def test_an_unhealthy_gpu_takes_down_its_replicas_and_mig_devices_in_every_resou
 
 def test_an_unhealthy_mig_device_affects_only_itself_and_its_replicas() -> None:
     registry = HealthRegistry()
-    registry.mark(HealthChange(MIG0_1, healthy=False, reason="XID 94", xid=94))
+    registry.mark(HealthChange(MIG0_1, healthy=False, cause=xid(94)))
     assert unhealthy_ids(registry) == {replica_id(MIG0_1, r) for r in range(3)}
     assert registry.is_healthy(gpu_device(GPU0, 0))
 
@@ -71,7 +77,7 @@ def test_an_unhealthy_mig_device_affects_only_itself_and_its_replicas() -> None:
 def test_a_fixed_set_of_unhealthy_uuids_follows_the_same_rule_as_the_registry() -> None:
     registry = HealthRegistry()
     for uuid in (GPU0, MIG0_1):
-        registry.mark(HealthChange(uuid, healthy=False, reason="XID 79", xid=79))
+        registry.mark(HealthChange(uuid, healthy=False, cause=xid(79)))
     fixed = UnhealthyIds(frozenset({GPU0, MIG0_1}))
     devices = [d for plan in plans() for d in plan.devices]
     assert [fixed.is_healthy(d) for d in devices] == [registry.is_healthy(d) for d in devices]
@@ -82,29 +88,29 @@ def test_allocate_asks_the_registry() -> None:
     mig_plan = AllocationIndex(plans()[0], Inventory(gpus=()))  # no device specs: no GPU facts read
     request = [[replica_id(MIG0_0, 1)]]
     assert allocate(mig_plan, request, AllocationSettings(), registry).container_responses
-    registry.mark(HealthChange(GPU0, healthy=False, reason="XID 79", xid=79))  # its GPU goes down
+    registry.mark(HealthChange(GPU0, healthy=False, cause=xid(79)))  # its GPU goes down
     with pytest.raises(AllocationError, match=rf"device '{replica_id(MIG0_0, 1)}' is unhealthy"):
         allocate(mig_plan, request, AllocationSettings(), registry)
-    registry.mark(HealthChange(GPU0, healthy=True, reason="recovered"))
+    registry.mark(HealthChange(GPU0, healthy=True, cause=RECOVERED))
     assert allocate(mig_plan, request, AllocationSettings(), registry).container_responses
 
 
 def test_gpu_reason_wins_over_its_mig_devices_reason() -> None:
     registry = HealthRegistry()
-    registry.mark(HealthChange(MIG0_0, healthy=False, reason="XID 94", xid=94))
-    registry.mark(HealthChange(GPU0, healthy=False, reason="GPU lost"))
+    registry.mark(HealthChange(MIG0_0, healthy=False, cause=xid(94)))
+    registry.mark(HealthChange(GPU0, healthy=False, cause=LOST))
     assert registry.reason(mig_device(MIG0_0, GPU0, 0, 0)) == "GPU lost"
-    registry.mark(HealthChange(GPU0, healthy=True, reason="recovered"))
+    registry.mark(HealthChange(GPU0, healthy=True, cause=RECOVERED))
     assert registry.reason(mig_device(MIG0_0, GPU0, 0, 0)) == "XID 94"
 
 
 def test_mark_reports_only_real_changes_and_keeps_the_first_reason() -> None:
     registry = HealthRegistry()
-    assert not registry.mark(HealthChange(GPU1, healthy=True, reason="recovered"))
-    assert registry.mark(HealthChange(GPU1, healthy=False, reason="XID 48", xid=48))
-    assert not registry.mark(HealthChange(GPU1, healthy=False, reason="XID 79", xid=79))
+    assert not registry.mark(HealthChange(GPU1, healthy=True, cause=RECOVERED))
+    assert registry.mark(HealthChange(GPU1, healthy=False, cause=xid(48)))
+    assert not registry.mark(HealthChange(GPU1, healthy=False, cause=xid(79)))
     assert registry.unhealthy() == {GPU1: "XID 48"}
-    assert registry.mark(HealthChange(GPU1, healthy=True, reason="recovered"))
+    assert registry.mark(HealthChange(GPU1, healthy=True, cause=RECOVERED))
     assert registry.unhealthy() == {}
 
 
@@ -112,10 +118,10 @@ def test_subscribers_are_pushed_each_change_once_and_can_unsubscribe() -> None:
     registry = HealthRegistry()
     seen: list[HealthChange] = []
     unsubscribe = registry.subscribe(seen.append)
-    down = HealthChange(GPU0, healthy=False, reason="XID 79", xid=79)
+    down = HealthChange(GPU0, healthy=False, cause=xid(79))
     registry.mark(down)
     registry.mark(down)
-    up = HealthChange(GPU0, healthy=True, reason="recovered")
+    up = HealthChange(GPU0, healthy=True, cause=RECOVERED)
     registry.mark(up)
     assert seen == [down, up]
     unsubscribe()
@@ -133,7 +139,7 @@ def test_subscribers_may_read_the_registry_and_a_failing_one_does_not_stop_the_o
 
     registry.subscribe(broken)
     registry.subscribe(lambda change: read_back.append(registry.unhealthy()))
-    assert registry.mark(HealthChange(GPU1, healthy=False, reason="XID 48", xid=48))
+    assert registry.mark(HealthChange(GPU1, healthy=False, cause=xid(48)))
     assert read_back == [{GPU1: "XID 48"}]
 
 
@@ -146,7 +152,7 @@ def test_concurrent_marks_end_consistent_with_notifications() -> None:
     def hammer(seed: int) -> None:
         for n in range(500):
             uuid = uuids[(seed + n) % len(uuids)]
-            registry.mark(HealthChange(uuid, healthy=(n + seed) % 3 == 0, reason="test"))
+            registry.mark(HealthChange(uuid, healthy=(n + seed) % 3 == 0, cause=xid(79)))
 
     threads = [threading.Thread(target=hammer, args=(s,)) for s in range(4)]
     for t in threads:
@@ -162,3 +168,20 @@ def test_concurrent_marks_end_consistent_with_notifications() -> None:
         else:
             replay.add(change.uuid)
     assert replay == set(registry.unhealthy())
+
+
+def test_the_registry_keeps_the_typed_cause_that_first_took_a_device_down_and_since_when() -> None:
+    from datetime import UTC, datetime
+
+    from nvidia_device_plugin.health.policy import stuck_cause
+
+    moments = iter([datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)])
+    registry = HealthRegistry(wall_clock=lambda: next(moments))
+    assert registry.mark(HealthChange(GPU0, healthy=False, cause=stuck_cause("nvmlDeviceGetUUID")))
+    assert not registry.mark(HealthChange(GPU0, healthy=False, cause=xid(79)))
+    assert registry.mark(HealthChange(GPU1, healthy=False, cause=xid(48)))
+    verdicts = registry.verdicts()
+    assert verdicts[GPU0].cause == HealthCause(CauseKind.NVML_STUCK, "NVML call nvmlDeviceGetUUID stuck")
+    assert (verdicts[GPU1].cause.kind, verdicts[GPU1].cause.xid) == (CauseKind.XID, 48)
+    assert [v.since.day for v in (verdicts[GPU0], verdicts[GPU1])] == [1, 2]
+    assert registry.unhealthy() == {GPU0: "NVML call nvmlDeviceGetUUID stuck", GPU1: "XID 48"}

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, describe, nvml_error
+from nvidia_device_plugin.nvml.errors import (
+    NVML_CALL_STUCK,
+    NvmlErrorKind,
+    classify,
+    describe,
+    means_lost,
+    nvml_error,
+)
 from nvidia_device_plugin.nvml.events import NvmlFailure
 
 
@@ -57,3 +64,17 @@ def test_the_monitor_s_questions_follow_the_kinds() -> None:
     assert failure(pynvml.NVML_ERROR_NOT_SUPPORTED).not_supported
     assert failure(pynvml.NVML_ERROR_NO_PERMISSION).no_permission
     assert str(failure(pynvml.NVML_ERROR_UNKNOWN)) == "Unknown Error (NVML error 999)"
+
+
+def test_a_return_code_says_whether_the_gpu_is_lost() -> None:
+    """What snapshot.py asks of a discovery problem's code, so that it needs no pynvml of its own."""
+    assert means_lost(pynvml.NVML_ERROR_GPU_IS_LOST) and means_lost(NVML_CALL_STUCK)
+    assert not any(
+        means_lost(code)
+        for code in (
+            pynvml.NVML_ERROR_NOT_FOUND,
+            pynvml.NVML_ERROR_UNKNOWN,
+            pynvml.NVML_ERROR_NOT_SUPPORTED,
+            -1,
+        )
+    )
