@@ -12,6 +12,7 @@ At most a few modules stand loose in the package; the rest live in rooms.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nvidia_device_plugin"
@@ -169,3 +170,20 @@ def test_no_health_reason_is_parsed_back_by_a_regex() -> None:
     assert "dra/taints.py" in checked and "health/registry.py" in checked
     found = sorted(name for name, imported in checked.items() if "re" in imported)
     assert found == [], f"these parse with `re` where a typed health cause should be read: {found}"
+
+
+# A sharing mode is asked what it means (config/sharing_modes.py), not spelt out: `plan.sharing == "mps"`.
+# The kubelet stand-in's `policy == "none"` is a preferred-allocation policy, not a sharing mode.
+SHARING_COMPARISON = re.compile(r'(==|!=) ?"(mps|time-slicing|none)"|in \("(mps|time-slicing)')
+SHARING_COMPARISONS_AT_MOST = 3  # outside sharing/ and config/, where modes are defined and read
+
+
+def test_sharing_modes_are_asked_not_spelt_out() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] not in {"sharing", "config"}
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if SHARING_COMPARISON.search(line)
+    ]
+    assert len(found) <= SHARING_COMPARISONS_AT_MOST, "ask config.sharing_modes instead:\n" + "\n".join(found)

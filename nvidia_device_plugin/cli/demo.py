@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, config_loader
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.v1 import Config
@@ -97,7 +98,10 @@ def run_demo(
         with KubeletStandIn(plugin_dir) as kubelet:
             try:
                 # As on a node, the MPS control daemons come first; the plugin then finds them ready.
-                if demo_config().sharing.strategy == "mps" and node.open_mps_nvml is not None:
+                if (
+                    sharing_mode(demo_config().sharing.strategy).needs_control_daemon
+                    and node.open_mps_nvml is not None
+                ):
                     mps = _start_mps(demo_config, node.open_mps_nvml, root)
                 options = DaemonOptions(
                     plugin_dir, demo_config, node.open_nvml, mps_poll_interval_s=_MPS_INTERVAL_S
@@ -173,7 +177,11 @@ def _wait_until_healthy(plans: tuple[ResourcePlan, ...], kubelet: KubeletStandIn
             for name, count in wanted.items()
         )
 
-    return kubelet.wait_for(healthy, timeout=_WAIT_S) if any(p.sharing == "mps" for p in plans) else True
+    return (
+        kubelet.wait_for(healthy, timeout=_WAIT_S)
+        if any(sharing_mode(p.sharing).needs_control_daemon for p in plans)
+        else True
+    )
 
 
 def _device_labels(snapshot: Snapshot) -> dict[str, str]:

@@ -47,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan
 
@@ -116,7 +117,7 @@ def _header(plan: ResourcePlan) -> str:
     if physical != len(plan.devices):
         count += f" on {physical} physical"
     sharing = f"sharing={plan.sharing}"
-    if plan.sharing != "none":
+    if sharing_mode(plan.sharing).shares_devices:
         sharing += f" replicas={plan.replicas}"
         if plan.fail_requests_greater_than_one:
             sharing += " max-request=1"

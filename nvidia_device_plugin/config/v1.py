@@ -73,6 +73,11 @@ MAX_REPLICAS = 4096
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
 
+def advertises_mig_devices(strategy: MigStrategy) -> bool:
+    """Whether a MIG-enabled GPU is advertised as its MIG devices (single, mixed) rather than whole (none)."""
+    return strategy != "none"
+
+
 class InvalidValue(ConfigError):
     """A value a v1 type refuses: the sentence names the field relative to the refusing value.
 

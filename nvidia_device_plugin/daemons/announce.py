@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nvidia_device_plugin.config.render import config_json
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResources
 from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.plans.mig_layout import MigLayoutViolation
@@ -64,7 +65,7 @@ def _plan_summary(plan: ResourcePlan) -> str:
         if n
     ]
     made_of = " + ".join(parts)
-    if plan.sharing != "none":
+    if sharing_mode(plan.sharing).shares_devices:
         made_of += f" x {plan.replicas} replicas, {plan.sharing}"
     count = len(plan.devices)
     return f"{count} device{'' if count == 1 else 's'} ({made_of})"
@@ -109,12 +110,13 @@ def _unmatched_sharing(
 ) -> list[Notice]:
     """The active sharing entries naming a resource no device of this node is advertised under."""
     sharing = config.sharing
-    if sharing.strategy == "none":
+    mode = sharing_mode(sharing.strategy)
+    if not mode.shares_devices:
         return []
     left_out = {v.gpu_index for v in violations}
     gpus = [gpu for gpu in inventory.gpus if gpu.index not in left_out]
     names = sorted(base_resources(gpus, config.resources, config.flags.mig_strategy))
-    section = "sharing.mps" if sharing.strategy == "mps" else "sharing.timeSlicing"
+    section = mode.section
     found = []
     for i, entry in enumerate(sharing.active.resources):
         if entry.name not in names:
@@ -162,10 +164,11 @@ def _gpu_facts(gpu: Gpu) -> str:
 
 def _sharing_decisions(config: Config, plans: Sequence[ResourcePlan]) -> list[str]:
     sharing = config.sharing
-    if sharing.strategy == "none":
+    mode = sharing_mode(sharing.strategy)
+    if not mode.shares_devices:
         return []
     active: ReplicatedResources = sharing.active
-    section = "sharing.mps" if sharing.strategy == "mps" else "sharing.timeSlicing"
+    section = mode.section
     by_name = {plan.name: plan for plan in plans}
     lines = []
     for i, entry in enumerate(active.resources):

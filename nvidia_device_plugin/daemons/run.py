@@ -29,6 +29,7 @@ from nvidia_device_plugin.base.workers import Worker, WorkerGroup
 from nvidia_device_plugin.cdi.model import CdiError
 from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
 from nvidia_device_plugin.cdi.writer import CdiPublisher
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
@@ -311,7 +312,12 @@ class Daemon(DraWiring):
         # Read MPS readiness before the new lists are served, so the first list is already right.
         self.mps_readiness.watch(
             snapshot.config.flags.mps_root,
-            ((p.name, uuid) for p in snapshot.plans if p.sharing == "mps" for uuid in shared_devices(p)),
+            (
+                (p.name, uuid)
+                for p in snapshot.plans
+                if sharing_mode(p.sharing).needs_control_daemon
+                for uuid in shared_devices(p)
+            ),
         )
         specs = {
             plan.name: ResourceSpec(
@@ -322,7 +328,7 @@ class Daemon(DraWiring):
                     snapshot.inventory,
                     snapshot.allocation,
                     self.registry,
-                    mps_gate=self.mps_readiness if plan.sharing == "mps" else None,
+                    mps_gate=self.mps_readiness if sharing_mode(plan.sharing).needs_control_daemon else None,
                 ),
             )
             for plan in self._plugin_plans(snapshot)

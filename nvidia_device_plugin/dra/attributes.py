@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nvidia_device_plugin.config.sharing_modes import NO_SHARING, sharing_mode
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.dra.names import DraDevice
 from nvidia_device_plugin.dra.sharing import PluginView
@@ -114,9 +115,10 @@ def device_entry(
         attributes["parentUUID"] = {"string": gpu.uuid}
         attributes["profile"] = {"string": mig.profile}
     attributes |= _gpu_attributes(gpu, inventory, topology)
-    shared = view is not None and view.sharing == "time-slicing"
+    mode = sharing_mode(view.sharing) if view is not None else NO_SHARING
+    shared = mode.dra_shareable
     attributes["resourceName"] = {"string": view.resource if view is not None else ""}
-    attributes["sharing"] = {"string": "time-slicing" if shared else "none"}
+    attributes["sharing"] = {"string": mode.dra_attribute}
     capacity: Json = (
         _mig_capacity(mig) if mig is not None else {"memory": {"value": quantity(gpu.memory_bytes)}}
     )

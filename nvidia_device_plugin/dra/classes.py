@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nvidia_device_plugin.config.sharing_modes import NO_SHARING, sharing_mode
 from nvidia_device_plugin.config.v1 import RESOURCE_PREFIX, SHARED_SUFFIX
 from nvidia_device_plugin.dra.attributes import Json
 from nvidia_device_plugin.dra.names import DRIVER_NAME
@@ -30,6 +31,7 @@ from nvidia_device_plugin.plans.resources import DEFAULT_GPU_RESOURCE, ResourceP
 
 MIG_CLASS = "mig.nvidia.com"
 _ATTR = f'device.attributes["{DRIVER_NAME}"]'
+_UNSHARED = f'{_ATTR}.sharing == "{NO_SHARING.dra_attribute}"'
 
 
 def _selector(*conditions: str) -> list[Json]:
@@ -47,7 +49,7 @@ def class_name(plan: ResourcePlan) -> str:
     """The class of one device-plugin resource: `nvidia.com/mig-1g.10gb` -> `mig-1g.10gb.nvidia.com`."""
     prefix, _, short = plan.name.rpartition("/")
     base = short if prefix == RESOURCE_PREFIX else plan.name.replace("/", ".")
-    if plan.sharing == "time-slicing" and not base.endswith(SHARED_SUFFIX):
+    if sharing_mode(plan.sharing).dra_shareable and not base.endswith(SHARED_SUFFIX):
         base += SHARED_SUFFIX
     return f"{base}.{RESOURCE_PREFIX}"
 
@@ -56,7 +58,7 @@ def device_classes(plans: Sequence[ResourcePlan]) -> list[Json]:
     """Every class this config calls for, in name order."""
     kinds = {p.name: {d.kind for d in p.devices} for p in plans}
     default = next((p for p in plans if p.name == DEFAULT_GPU_RESOURCE), None)
-    unshared_default = default is not None and default.sharing == "none"
+    unshared_default = default is not None and not sharing_mode(default.sharing).shares_devices
     gpu_extended = (
         DEFAULT_GPU_RESOURCE if unshared_default and kinds[DEFAULT_GPU_RESOURCE] != {"mig"} else None
     )
@@ -64,15 +66,13 @@ def device_classes(plans: Sequence[ResourcePlan]) -> list[Json]:
         DEFAULT_GPU_RESOURCE if unshared_default and kinds[DEFAULT_GPU_RESOURCE] == {"mig"} else None
     )
     classes = {
-        DRIVER_NAME: _device_class(
-            DRIVER_NAME, _selector(f'{_ATTR}.type == "gpu"', f'{_ATTR}.sharing == "none"'), gpu_extended
-        ),
-        MIG_CLASS: _device_class(
-            MIG_CLASS, _selector(f'{_ATTR}.type == "mig"', f'{_ATTR}.sharing == "none"'), mig_extended
-        ),
+        DRIVER_NAME: _device_class(DRIVER_NAME, _selector(f'{_ATTR}.type == "gpu"', _UNSHARED), gpu_extended),
+        MIG_CLASS: _device_class(MIG_CLASS, _selector(f'{_ATTR}.type == "mig"', _UNSHARED), mig_extended),
     }
     for plan in plans:
-        if plan.sharing == "mps" or (plan.name == DEFAULT_GPU_RESOURCE and unshared_default):
+        if not sharing_mode(plan.sharing).dra_class or (
+            plan.name == DEFAULT_GPU_RESOURCE and unshared_default
+        ):
             continue
         name = class_name(plan)
         classes.setdefault(

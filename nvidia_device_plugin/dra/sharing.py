@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import SharingMode
 from nvidia_device_plugin.plans.resources import ResourcePlan
 
@@ -32,6 +33,9 @@ def plugin_views(plans: Sequence[ResourcePlan]) -> dict[str, PluginView]:
     for plan in plans:
         for uuid, count in plan.devices_per_physical.items():
             views.setdefault(
-                uuid, PluginView(plan.name, plan.sharing, count if plan.sharing != "none" else 1)
+                uuid,
+                PluginView(
+                    plan.name, plan.sharing, count if sharing_mode(plan.sharing).shares_devices else 1
+                ),
             )
     return views

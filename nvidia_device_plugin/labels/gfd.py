@@ -40,7 +40,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
+from nvidia_device_plugin.config.v1 import Config, advertises_mig_devices
 from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.labels.gfd_resources import (
     GPU_RESOURCE,
@@ -66,11 +67,11 @@ def gfd_labels(inventory: Inventory, config: Config, machine_type: str = "unknow
     labels = {PREFIX + "gpu.machine": sanitise(machine_type)}
     labels.update(version_labels(inventory.driver_version, inventory.cuda_version))
     labels[PREFIX + "mig.capable"] = _bool(any(g.mig_capable for g in gpus))
-    mps = config.sharing.strategy == "mps" and not any(g.mig_enabled for g in gpus)
+    mps = sharing_mode(config.sharing.strategy).needs_control_daemon and not any(g.mig_enabled for g in gpus)
     labels[PREFIX + "mps.capable"] = _bool(mps)
     labels.update(full_gpu_labels(gpus, config.sharing))
     strategy = config.flags.mig_strategy
-    if strategy != "none":
+    if advertises_mig_devices(strategy):
         labels[PREFIX + "mig.strategy"] = strategy
         labels.update(single_labels(gpus, config.sharing) if strategy == "single" else {})
         labels.update(mixed_labels(gpus, config.sharing) if strategy == "mixed" else {})

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nvidia_device_plugin.config.v1 import MigStrategy, advertises_mig_devices
 from nvidia_device_plugin.devices import Gpu
 
 
@@ -30,13 +31,13 @@ class MigLayoutViolation:
     message: str
 
 
-def mig_layout_violations(gpus: Sequence[Gpu], strategy: str) -> tuple[MigLayoutViolation, ...]:
+def mig_layout_violations(gpus: Sequence[Gpu], strategy: MigStrategy) -> tuple[MigLayoutViolation, ...]:
     """The GPUs of `gpus` (in any order) that break `strategy`, by GPU index; () under `none`.
 
     The pipeline (snapshot.build_snapshot) asks once per snapshot and hands the answer to build_resources,
     which leaves these GPUs out, and to the daemon, which logs and counts them.
     """
-    if strategy == "none":
+    if not advertises_mig_devices(strategy):
         return ()
     gpus = sorted(gpus, key=lambda gpu: gpu.index)
     found: list[MigLayoutViolation] = []

@@ -42,14 +42,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from nvidia_device_plugin.base.errors import ConfigError, InventoryError
-from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, Sharing, SharingMode
+from nvidia_device_plugin.config.sharing_modes import SharingModeFacts, sharing_mode
+from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, Sharing
 from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.plans.mig_layout import MigLayoutViolation, mig_layout_violations
 from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan, base_resources, replica_of
-
-# An MPS server takes at most 48 client processes per GPU (Volta and newer), so more replicas would
-# advertise devices whose pods cannot connect.
-MPS_MAX_CLIENTS_PER_GPU = 48
 
 _GPU_INDEX_REF = re.compile(r"^\d+$")
 _MIG_INDEX_REF = re.compile(r"^(\d+):(\d+)$")
@@ -125,10 +122,10 @@ class _Target:
 def _apply_sharing(
     base: dict[str, list[AdvertisedDevice]], sharing: Sharing, legacy_mig_uuids: dict[str, str]
 ) -> tuple[ResourcePlan, ...]:
-    mode = sharing.strategy
+    mode = sharing_mode(sharing.strategy)
     active = sharing.active
-    section = "sharing.mps" if mode == "mps" else "sharing.timeSlicing"
-    entries = active.resources if mode != "none" else ()
+    section = mode.section
+    entries = active.resources if mode.shares_devices else ()
     claimed: dict[str, dict[str, str]] = {}  # resource -> device ID -> the entry sharing it
     targets: dict[str, _Target] = {}
     for i, entry in enumerate(entries):
@@ -144,16 +141,16 @@ def _apply_sharing(
                     f"{path}.devices selects {dev.label}, which {taken[dev.id]} already shares; "
                     "a device can be shared by one entry only"
                 )
-            if mode == "mps" and dev.kind == "mig":
+            if not mode.shares_mig_devices and dev.kind == "mig":
                 raise InventoryError(
                     f"{path} shares {dev.label} on {dev.gpu_label} with MPS, which is not supported for "
                     "MIG devices; "
                     "share MIG devices with timeSlicing instead"
                 )
-            if mode == "mps" and entry.replicas > MPS_MAX_CLIENTS_PER_GPU:
+            if mode.replicas_at_most is not None and entry.replicas > mode.replicas_at_most:
                 raise ConfigError(
                     f"{path}.replicas is {entry.replicas}, but {dev.label} accepts at most "
-                    f"{MPS_MAX_CLIENTS_PER_GPU} MPS clients (Volta and newer); lower the replicas"
+                    f"{mode.replicas_at_most} MPS clients (Volta and newer); lower the replicas"
                 )
             taken[dev.id] = path
         name = active.advertised_name(entry)  # one replica count per name: the v1 types see to it
@@ -267,12 +264,12 @@ def _unresolved_ref(
 
 
 def _plan(
-    name: str, target: _Target, mode: SharingMode, fail_requests_greater_than_one: bool
+    name: str, target: _Target, mode: SharingModeFacts, fail_requests_greater_than_one: bool
 ) -> ResourcePlan:
     devices = tuple(sorted(target.devices, key=_physical_order))
     if target.replicas is None:
         return ResourcePlan(name=name, devices=devices)
-    if mode == "mps":
+    if not mode.shares_mig_devices:
         mig = next((dev for dev in devices if dev.kind == "mig"), None)
         if mig is not None:
             raise InventoryError(
@@ -282,7 +279,7 @@ def _plan(
     return ResourcePlan(
         name=name,
         devices=devices,
-        sharing=mode,
+        sharing=mode.name,
         replicas=target.replicas,
         fail_requests_greater_than_one=fail_requests_greater_than_one,
     )

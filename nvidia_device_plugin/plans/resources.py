@@ -40,6 +40,7 @@ from nvidia_device_plugin.config.v1 import (
     ResourcePattern,
     Resources,
     SharingMode,
+    advertises_mig_devices,
 )
 from nvidia_device_plugin.devices import Gpu, MigDevice
 
@@ -159,7 +160,7 @@ def base_resources(
     """Each device of `gpus` under its resource name before sharing: resource -> devices, in GPU order."""
     base: dict[str, list[AdvertisedDevice]] = {}
     for gpu in gpus:
-        if gpu.mig_enabled and strategy != "none":
+        if gpu.mig_enabled and advertises_mig_devices(strategy):
             for mig in sorted(gpu.mig_devices, key=lambda mig: mig.index):
                 name = _mig_resource_name(mig.profile, resources.mig, strategy)
                 base.setdefault(name, []).append(_mig_device(gpu, mig))

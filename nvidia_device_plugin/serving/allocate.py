@@ -58,6 +58,7 @@ from nvidia_device_plugin.cdi.model import (
     enabled_extra_modes,
     runtime_device_id,
 )
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import (
     Config,
     DeviceIdStrategy,
@@ -240,7 +241,7 @@ def _cdi_annotation_key(prefix: str, resource_name: str, ids: Sequence[str]) -> 
 def _update_for_mps(response: _Response, request: _Request) -> None:
     """MPS replicas: the client environment and mounts of their GPU's control daemon (sharing/mps.py)."""
     plan = request.plan
-    if plan.sharing != "mps":
+    if not sharing_mode(plan.sharing).needs_control_daemon:
         return
     # n replicas of the GPU -> n shares of its memory and SMs (_checked_request keeps them on one GPU).
     shares = Counter(d.physical_uuid for d in request.devices if d.replica is not None)
@@ -389,7 +390,7 @@ def _check_sharing(where: str, plan: ResourcePlan, devices: list[AdvertisedDevic
             f"{where}: request for '{plan.name}: {len(devices)}' too large: "
             "maximum request size for shared resources is 1"
         )
-    if plan.sharing == "mps":
+    if sharing_mode(plan.sharing).one_gpu_per_request:
         # One control daemon per GPU, and one MPS pipe per resource in the container (sharing/mps.py).
         gpus = list(dict.fromkeys(d.label for d in devices))
         if len(gpus) > 1:

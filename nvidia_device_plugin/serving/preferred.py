@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nvidia_device_plugin.base.errors import AllocationError
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import SharedAllocationPolicy
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.plans.resources import ResourcePlan
@@ -43,7 +44,7 @@ def preferred_allocation(
     available = list(dict.fromkeys(available))
     must_include = list(dict.fromkeys(must_include))
     _check_request(plan, position, available, must_include, size)
-    if plan.sharing == "mps" and size > 1:
+    if sharing_mode(plan.sharing).one_gpu_per_request and size > 1:
         # A container's MPS replicas must share one GPU (one pipe per resource): keep them together.
         together = single_gpu_preference(plan, available, must_include, size)
         if together is not None:

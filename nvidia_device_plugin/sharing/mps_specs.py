@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.sharing.mps import (
     active_thread_percentage,
@@ -55,7 +56,7 @@ class MpsDaemonSpec:
 
 def daemon_specs(plan: ResourcePlan, mps_root: str) -> tuple[MpsDaemonSpec, ...]:
     """One daemon per device that `plan` shares with MPS, in plan order; none for other plans."""
-    if plan.sharing != "mps":
+    if not sharing_mode(plan.sharing).needs_control_daemon:
         return ()
     specs: dict[str, MpsDaemonSpec] = {}
     for dev in plan.devices:

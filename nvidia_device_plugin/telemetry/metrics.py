@@ -25,6 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from nvidia_device_plugin import __version__
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.events import CallError, CallMethod, Events, HealthChange
 from nvidia_device_plugin.health.policy import known_xid
 
@@ -322,7 +323,7 @@ def _device_gauges(plans: Sequence[ResourcePlan], health: HealthRegistry) -> Ite
         healthy = sum(1 for dev in plan.devices if health.is_healthy(dev))
         devices.add_metric([plan.name, "healthy"], healthy)
         devices.add_metric([plan.name, "unhealthy"], len(plan.devices) - healthy)
-        if plan.sharing != "none":
+        if sharing_mode(plan.sharing).shares_devices:
             per_gpu = Tally(dev.gpu_uuid for dev in plan.devices)
             for gpu_uuid, count in sorted(per_gpu.items()):
                 replicas.add_metric([plan.name, gpu_uuid], count)
