@@ -94,6 +94,17 @@ def p99_within(factor: float) -> Callable[[Summary, Summary | None], Target | No
     return judge
 
 
+def median_within(factor: float) -> Callable[[Summary, Summary | None], Target | None]:
+    """Target: the figure's median at most `factor` times the reference's median (its only value if one)."""
+
+    def judge(value: Summary, ref: Summary | None) -> Target | None:
+        if ref is None:
+            return None
+        return Target(f"median <= {factor:g}x reference", value.median <= factor * ref.median)
+
+    return judge
+
+
 def worst_under(
     limit: float, unit: str, shown: str | None = None
 ) -> Callable[[Summary, Summary | None], Target | None]:

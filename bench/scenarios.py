@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench.figures import Figure, figure, worst_under
+from bench.figures import Figure, figure, median_within, worst_under
 from bench.latency import GPU, MIG_1G, allocate_latency, preferred_latency, spread
 from bench.procs import (
     BenchError,
@@ -39,6 +39,12 @@ from nvidia_device_plugin.plans.device_lists import KUBELET_RECEIVE_LIMIT
 from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.snapshot import build_snapshot
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
+
+# Issue 28's start-up targets, each beside the bare-grpcio reference of the same run (the reference is what
+# any Python gRPC device plugin pays; NVIDIA's Go binary registers in ~0.03 s with 21 MiB).
+STARTUP_WITHIN = 2.0  # spawn -> registered and listed, dgx-a100 (8 GPUs)
+RSS_WITHIN = 1.25  # RSS after start-up, 800 devices
+
 
 # ---- health propagation ------------------------------------------------------------------------------------
 
@@ -189,6 +195,7 @@ def startup(budget: Budget) -> list[Figure]:
                 "ms",
                 samples,
                 ("idle grpcio server start", echo),
+                median_within(STARTUP_WITHIN) if node == "dgx-a100" else None,
             )
         )
     return figures
@@ -213,7 +220,7 @@ def memory(budget: Budget) -> list[Figure]:
                 "MB",
                 [rss_mb(daemon.pid)],
                 reference,
-                target,
+                median_within(RSS_WITHIN),
             )
         )
         _allocate_many(daemon, budget.memory_calls)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, env_value, seconds_up_to
 
 if TYPE_CHECKING:
-    from nvidia_device_plugin.dra.mode import DraOptions
+    from nvidia_device_plugin.dra.options import DraOptions
     from nvidia_device_plugin.snapshot import Snapshot
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -105,7 +105,7 @@ def write_dra_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def dra_options(args: argparse.Namespace) -> DraOptions:
     """`run`'s DRA options from its flags; the API client is made only once a config turns DRA on."""
-    from nvidia_device_plugin.dra.mode import DraOptions
+    from nvidia_device_plugin.dra.options import DraOptions
 
     def api_client() -> object:
         from nvidia_device_plugin.configmanager.nodewatch import api_client_from_environment

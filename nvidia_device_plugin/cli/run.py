@@ -133,6 +133,7 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             watch=watcher if source.watch_paths() else None,
             kubelet_socket=args.kubelet_socket,
             metrics_address=args.metrics_address or "",
+            count_metrics=bool(args.metrics_address),
             labels=labels_options(args),
             node_config=follower,
             dra=dra_options(args),

@@ -23,7 +23,6 @@ Start the watcher before the first load: a change between the load and `start()`
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -64,6 +63,8 @@ def fingerprint(source: ConfigSource) -> Fingerprint:
         data = read_config_bytes(path)
     except ConfigError as exc:
         return (str(path), f"<unreadable: {exc}>")
+    import hashlib  # here: its OpenSSL costs start-up memory, and only a watched config needs it
+
     return (str(path), hashlib.sha256(data).hexdigest())
 
 

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvidia_device_plugin.base.errors import ConfigError, NvmlError
 from nvidia_device_plugin.base.logs import FailureLog, RateLimitedLog
@@ -34,7 +35,7 @@ from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
 from nvidia_device_plugin.devices import describe
-from nvidia_device_plugin.dra.mode import DraMode, DraOptions
+from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.wiring import DraWiring
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
@@ -57,8 +58,11 @@ from nvidia_device_plugin.sharing.readiness import (
     ReadinessChange,
 )
 from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
-from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, negotiate
-from nvidia_device_plugin.telemetry.probes import ProbeServer
+from nvidia_device_plugin.telemetry.on_demand import daemon_events, probe_server
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.dra.mode import DraMode
+    from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,8 @@ class DaemonOptions:
     watch: ConfigWatcherFactory | None = None
     kubelet_socket: str = "kubelet.sock"
     metrics_address: str = ""  # host:port of /metrics, /healthz, /readyz; empty: no HTTP server
+    # Metrics counted without an HTTP server (read in-process); `run` counts only what it serves.
+    count_metrics: bool = True
     mps_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often MPS status files are re-read
     labels: LabelsOptions | None = None  # --labels-file: NFD features.d file following every change
     # --node-config-label: keeps the config file `load_config` reads linked to the one the node's label
@@ -93,7 +99,7 @@ class Daemon(DraWiring):
     def __init__(self, options: DaemonOptions) -> None:
         self.options = options
         self.registry = HealthRegistry()
-        self.metrics = DaemonMetrics(self)
+        self.metrics = daemon_events(self, options.count_metrics or bool(options.metrics_address))
         self.manager = PluginManager(
             options.plugin_dir,
             options.kubelet_socket,
@@ -122,13 +128,7 @@ class Daemon(DraWiring):
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
         self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
-        self._probes = (
-            ProbeServer(
-                options.metrics_address, self.metrics.render, self.liveness, self.readiness, negotiate
-            )
-            if options.metrics_address
-            else None
-        )
+        self._probes = probe_server(options.metrics_address, self.metrics, self.liveness, self.readiness)
         self.labels = (
             LabelsFileWriter(options.labels, lambda: (self.snapshot, self.registry.unhealthy()))
             if options.labels is not None

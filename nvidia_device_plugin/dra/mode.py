@@ -15,13 +15,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
+from nvidia_device_plugin.dra.options import POLL_INTERVAL_S as POLL_INTERVAL_S
+from nvidia_device_plugin.dra.options import DraOptions as DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
 from nvidia_device_plugin.dra.podresources import list_pod_devices
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
@@ -34,21 +36,6 @@ from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
 from nvidia_device_plugin.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
-
-POLL_INTERVAL_S = 1.0  # pod-resources readings while a GPU moves
-
-
-@dataclass(frozen=True)
-class DraOptions:
-    """Where the DRA mode finds things on the node (cli/dra.py's flags); the config turns it on."""
-
-    node_name: str
-    pod_resources_socket: Path
-    kubelet_plugins_dir: Path
-    kubelet_registry_dir: Path
-    api_client: Callable[[], Any]  # a `kubernetes` ApiClient (in-cluster, or $KUBECONFIG)
-    slice_api: Callable[[Any], SliceApi] | None = None  # None: dra.apiserver.KubeSliceApi
-    poll_interval_s: float = POLL_INTERVAL_S
 
 
 class DraMode:

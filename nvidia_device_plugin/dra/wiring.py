@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from nvidia_device_plugin.base.errors import ConfigError
-from nvidia_device_plugin.base.workers import WorkerGroup
-from nvidia_device_plugin.dra.mode import DraMode, DraOptions
-from nvidia_device_plugin.dra.ownership import wanted_owners
-from nvidia_device_plugin.health.registry import HealthRegistry
-from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.plans.resources import ResourcePlan
-from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
+
+# Every Daemon inherits this class, DRA on or off: what only the DRA mode uses is imported where it is
+# made (dra.mode pulls the DRA and Kubernetes API modules), so a daemon with DRA off never loads it.
+if TYPE_CHECKING:
+    from nvidia_device_plugin.base.workers import WorkerGroup
+    from nvidia_device_plugin.dra.mode import DraMode
+    from nvidia_device_plugin.dra.options import DraOptions
+    from nvidia_device_plugin.health.registry import HealthRegistry
+    from nvidia_device_plugin.nvml.session import NvmlSession
+    from nvidia_device_plugin.plans.resources import ResourcePlan
+    from nvidia_device_plugin.snapshot import Snapshot, SnapshotFollower
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,8 @@ class DraWiring:
     def check_dra(self, snapshot: Snapshot) -> Snapshot:
         """`snapshot`, unless its dra section cannot be served here (refused, the last good one stays)."""
         if snapshot.config.dra.enabled:
+            from nvidia_device_plugin.dra.ownership import wanted_owners
+
             if self.options.dra is None or not self.options.dra.node_name:
                 raise ConfigError(
                     "dra.enabled needs this node's name (set NODE_NAME from the downward API, or --node-name)"
@@ -51,6 +57,8 @@ class DraWiring:
         """The plans the device plugin serves: all of them, or (DRA on) those of the GPUs it owns now."""
         options = self.options.dra
         if self.dra is None and snapshot.config.dra.enabled and options is not None:
+            from nvidia_device_plugin.dra.mode import DraMode
+
             self.dra = DraMode(
                 options,
                 self.registry.verdicts,

@@ -1,8 +1,9 @@
 """Each command imports only what it uses: read in a fresh interpreter, after the command ran for real.
 
 `plan`, `check-config` and `labels` read and print: no gRPC server, no Prometheus client, no kubernetes
-client, no file watching. `run` serves kubelet (gRPC, metrics) but imports the kubernetes client only when
-`--node-config-label` asks it to follow a node label.
+client, no file watching. `run` serves kubelet (gRPC) but imports the kubernetes client only when
+`--node-config-label` asks it to follow a node label, the Prometheus client only when it serves metrics, and
+the DRA mode's modules only when the config turns `dra.enabled` on.
 """
 
 from __future__ import annotations
@@ -36,6 +37,24 @@ NOT_FOR_READING_COMMANDS = (
     "nvidia_device_plugin.telemetry.metrics",
     "nvidia_device_plugin.plugin.server",
     "nvidia_device_plugin.configmanager.nodewatch",
+)
+
+
+# What `run` with metrics off (`--metrics-address ""`) and DRA off (the default config) never imports. Of the
+# dra package it loads only the package, `dra.options` (run's DRA flags) and `dra.wiring` (the Daemon's base).
+NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
+    "kubernetes",
+    "prometheus_client",
+    "http.server",
+    "nvidia_device_plugin.telemetry.metrics",
+    "nvidia_device_plugin.telemetry.probes",
+    "nvidia_device_plugin.configmanager.inprocess",
+    "nvidia_device_plugin.configmanager.nodewatch",
+)
+DRA_MODULES_RUN_MAY_LOAD = (
+    "nvidia_device_plugin.dra",
+    "nvidia_device_plugin.dra.options",
+    "nvidia_device_plugin.dra.wiring",
 )
 
 
@@ -82,7 +101,7 @@ def test_check_config_imports_no_server_metrics_or_kubernetes(config_file: Path)
     assert sorted(loaded & set(NOT_FOR_READING_COMMANDS)) == []
 
 
-def test_run_without_a_node_label_does_not_import_the_kubernetes_client(
+def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(
     plugin_dir: Path, kubelet: KubeletStandIn
 ) -> None:
     argv = ["run", "--simulate", "t4-single", "--device-plugin-path", str(plugin_dir)]
@@ -101,6 +120,7 @@ def test_run_without_a_node_label_does_not_import_the_kubernetes_client(
         proc.kill()
     assert proc.returncode == 0, errors
     loaded = _modules(output)
-    assert {"grpc", "prometheus_client", "nvidia_device_plugin.daemons.run"} <= loaded  # it served
-    assert "kubernetes" not in loaded
-    assert "nvidia_device_plugin.configmanager.inprocess" not in loaded
+    assert {"grpc", "nvidia_device_plugin.daemons.run"} <= loaded  # it served
+    assert sorted(loaded & set(NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA)) == []
+    dra = {m for m in loaded if m == "nvidia_device_plugin.dra" or m.startswith("nvidia_device_plugin.dra.")}
+    assert sorted(dra - set(DRA_MODULES_RUN_MAY_LOAD)) == []
