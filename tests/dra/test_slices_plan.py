@@ -16,9 +16,9 @@ from nvidia_device_plugin.config.dra import Dra
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Gpu
-from nvidia_device_plugin.dra.attributes import quantity, semver
 from nvidia_device_plugin.dra.dryrun import DryRun, dry_run
 from nvidia_device_plugin.dra.slices import chunk_devices
+from nvidia_device_plugin.dra.values import quantity, semver
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.node import preset_names
 from nvidia_device_plugin.snapshot import build_snapshot
