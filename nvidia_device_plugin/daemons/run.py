@@ -36,7 +36,7 @@ from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
 from nvidia_device_plugin.devices import describe
 from nvidia_device_plugin.dra.options import DraOptions
-from nvidia_device_plugin.dra.wiring import DraWiring
+from nvidia_device_plugin.dra.side import DraSide
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.monitor import HealthMonitor
 from nvidia_device_plugin.health.registry import (
@@ -61,7 +61,6 @@ from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, Snap
 from nvidia_device_plugin.telemetry.on_demand import daemon_events, probe_server
 
 if TYPE_CHECKING:
-    from nvidia_device_plugin.dra.mode import DraMode
     from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 log = logging.getLogger(__name__)
@@ -93,9 +92,7 @@ class DaemonOptions:
     kubelet_stream_grace_s: float = KUBELET_STREAM_GRACE_S
 
 
-class Daemon(DraWiring):
-    options: DaemonOptions
-
+class Daemon:
     def __init__(self, options: DaemonOptions) -> None:
         self.options = options
         self.registry = HealthRegistry()
@@ -115,16 +112,17 @@ class Daemon(DraWiring):
         self._discovery = FailureLog(log)  # the snapshot's warnings (announce.notices), each logged once
         self._noticed: set[str] = set()  # their keys, as last logged
         self._health_lines = RateLimitedLog(log)  # health changes, per device
+        # The DRA side: off until a config first turns dra.enabled on (_start_dra), then the DRA mode.
+        self.dra = DraSide(options.dra, self.registry.verdicts, self._on_dra_owners_changed)
         self.reloads = SnapshotFollower(
             options.load_config,
             self._apply_reload,
-            check=lambda snapshot: self.check_dra(self._servable(snapshot)),
+            check=lambda snapshot: self.dra.check(self._servable(snapshot)),
             kept="still serving the previous config",
             on_result=self.metrics.config_reloaded,
             rediscovery_interval_s=options.rediscovery_interval_s,
         )
         self._monitor: HealthMonitor | None = None
-        self.dra: DraMode | None = None  # made when a config first turns dra.enabled on (_plugin_plans)
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
         self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
@@ -237,7 +235,7 @@ class Daemon(DraWiring):
             return (
                 f"not ready: {self._cdi_retrying}; still serving the previous config, retrying with backoff"
             )
-        if (dra := self.dra_problem()) is not None:
+        if (dra := self.dra.problem()) is not None:
             return f"not ready: DRA: {dra}"
         if manager.all_registered():
             return None
@@ -309,6 +307,7 @@ class Daemon(DraWiring):
         return snapshot
 
     def _serve(self, snapshot: Snapshot) -> None:
+        self._start_dra(snapshot)
         # Read MPS readiness before the new lists are served, so the first list is already right.
         self.mps_readiness.watch(
             snapshot.config.flags.mps_root,
@@ -331,7 +330,7 @@ class Daemon(DraWiring):
                     mps_gate=self.mps_readiness if sharing_mode(plan.sharing).needs_control_daemon else None,
                 ),
             )
-            for plan in self._plugin_plans(snapshot)
+            for plan in self.dra.plugin_plans(snapshot)
         }
         # The specs were written (by _servable) before the servers see the new plans, so every name
         # Allocate returns is defined; when they cannot be made at start, no resource is served rather
@@ -342,6 +341,18 @@ class Daemon(DraWiring):
         self.manager.apply(specs)
         if self.labels is not None:
             self.labels.notify()
+
+    def _start_dra(self, snapshot: Snapshot) -> None:
+        """The one point where the DRA side's workers (dra-slices, dra-handover, the kubelet DRA plugin) join
+        the daemon's: when `snapshot` is the first to turn dra.enabled on."""
+        for worker in self.dra.enable(snapshot, self.nvml.host if self.nvml is not None else None):
+            self.workers.start(worker)
+
+    def _on_dra_owners_changed(self) -> None:
+        """A GPU changed sides (on the handover thread): serve the device plugin's lists again."""
+        with self.reloads.lock:
+            if self.snapshot is not None:
+                self._serve(self.snapshot)
 
     def _watch_health(self, snapshot: Snapshot) -> None:
         """A health monitor for `snapshot`, in place of the previous one (which stops first)."""
@@ -375,8 +386,7 @@ class Daemon(DraWiring):
         """The one log line per health change (at most 5 per device in 10 s: a flapping GPU makes thousands),
         and a ListAndWatch push where it matters (coalesced by the stream, see plugin/streams.py)."""
         self.metrics.health_changed(change)
-        if self.dra is not None:
-            self.dra.on_health_change(change)  # taints the DRA device (or lifts its taint)
+        self.dra.on_health_change(change)  # taints the DRA device (or lifts its taint)
         if self.labels is not None:
             self.labels.notify()
         snapshot = self.snapshot

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from nvidia_device_plugin.config.sharing_modes import NO_SHARING, sharing_mode
 from nvidia_device_plugin.config.v1 import RESOURCE_PREFIX, SHARED_SUFFIX
 from nvidia_device_plugin.dra.attributes import Json
+from nvidia_device_plugin.dra.kinds.mig import MIG_CLASS
 from nvidia_device_plugin.dra.names import DRIVER_NAME
 from nvidia_device_plugin.dra.slices import API_VERSION
 from nvidia_device_plugin.plans.resources import DEFAULT_GPU_RESOURCE, ResourcePlan
 
-MIG_CLASS = "mig.nvidia.com"
 _ATTR = f'device.attributes["{DRIVER_NAME}"]'
 _UNSHARED = f'{_ATTR}.sharing == "{NO_SHARING.dra_attribute}"'
 

@@ -1,10 +1,12 @@
-"""The DRA side of the `run` daemon: one owner per GPU, the ResourceSlices, the kubelet DRA plugin.
+"""The DRA mode once on: one owner per GPU, the ResourceSlices, the kubelet DRA plugin.
 
-The daemon makes a `DraMode` when a config first turns `dra.enabled` on, and keeps it while the process
-runs (turning it off hands every GPU back to the device plugin through the same handover). Fed by the
-same path as the device plugin: each served snapshot (`serve`) and each health change
+The daemon's DRA side (dra/side.py) makes a `DraMode` when a config first turns `dra.enabled` on, and
+keeps it while the process runs (turning it off hands every GPU back to the device plugin through the same
+handover). Fed by the same path as the device plugin: each served snapshot (`serve`) and each health change
 (`on_health_change`). It owns three workers: "dra-slices" (dra/publisher.py), "dra-handover" (reads
-kubelet's pod-resources API while a GPU moves, dra/ownership.py) and the kubelet plugin (dra/kubelet_site.py).
+kubelet's pod-resources API while a GPU moves, dra/ownership.py) and the kubelet plugin (dra/kubelet/): the
+plugin reads the node through `node_view` (a `NodeDevices`, never blocking), and the handover reads the
+plugin's prepared claims so that a GPU with a prepared claim does not go back to the device plugin.
 
 The device plugin serves `plugin_plans(plans)`: the plans without the GPUs it does not own now; when a
 GPU changes sides, `on_owners_changed` asks the daemon to serve again.
@@ -17,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
@@ -34,6 +36,10 @@ from nvidia_device_plugin.health.registry import Verdict
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
 from nvidia_device_plugin.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.dra.kubelet.model import NodeDevices
+    from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +66,10 @@ class DraMode:
         api = options.slice_api(client) if options.slice_api is not None else _kube_slice_api(client)
         self.publisher = SlicePublisher(api, options.node_name, on_published=self._on_published)
         self.handover = Worker("dra-handover", target=self._handover, interrupt=self._wake.set)
-        from nvidia_device_plugin.dra.kubelet_site import build_kubelet_plugin
-
-        self.kubelet = build_kubelet_plugin(
-            options.kubelet_plugins_dir, options.kubelet_registry_dir, cdi_spec_dir, client, self._current
-        )
+        self.kubelet = self._kubelet_plugin(cdi_spec_dir, client)
 
     def workers(self) -> list[Worker]:
-        return [self.publisher, self.handover, self.kubelet.worker]
+        return [self.publisher, self.handover, self.kubelet]
 
     # ---- fed by the daemon ---------------------------------------------------------------------------
 
@@ -108,12 +110,39 @@ class DraMode:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _current(self) -> tuple[dict[str, DraDevice], Snapshot, HostPaths] | None:
+    def _kubelet_plugin(self, cdi_spec_dir: Path, api_client: Any) -> DraKubeletPlugin:
+        """The kubelet DRA plugin: registration in the kubelet registry dir, its endpoint under the plugins
+        dir, claims read through `api_client`, per-claim CDI specs in `cdi_spec_dir`."""
+        from nvidia_device_plugin.dra.kubelet.claims import ApiClaimSource
+        from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
+
+        plugins_dir = self.options.kubelet_plugins_dir
+        return DraKubeletPlugin(
+            plugins_dir=plugins_dir,
+            registry_dir=self.options.kubelet_registry_dir,
+            claims=ApiClaimSource(api_client),
+            node=self.node_view,
+            cdi_spec_dir=cdi_spec_dir,
+            checkpoint_path=plugins_dir / DRIVER_NAME / "checkpoint.json",
+        )
+
+    def node_view(self) -> NodeDevices | None:
+        """The node as the kubelet plugin's prepare sees it now; None before the first snapshot (or
+        without NVML's host paths)."""
+        from nvidia_device_plugin.cdi.model import CdiSettings
+        from nvidia_device_plugin.dra.kubelet.model import NodeDevices
+
         with self._lock:
             snapshot = self._snapshot
         if snapshot is None or self._host is None:
             return None
-        return self.devices(), snapshot, self._host
+        return NodeDevices(
+            self.devices(), snapshot.inventory, self._host, CdiSettings.from_config(snapshot.config)
+        )
+
+    def _prepared_devices(self) -> set[str]:
+        """DRA device names of the claims prepared on this node now."""
+        return {d for names in self.kubelet.prepared().values() for d in names}
 
     def _publish(self) -> None:
         with self._lock:
@@ -184,7 +213,7 @@ class DraMode:
             for driver, pool, d in pods.dra_devices
             if driver == DRIVER_NAME and pool == self.options.node_name
         }
-        claimed |= self.kubelet.prepared()
+        claimed |= self._prepared_devices()
         held_dra = {names[d].gpu.uuid for d in claimed if d in names}
         published = self.publisher.published
         all_gpus = frozenset(g.uuid for g in inventory.gpus)

@@ -119,7 +119,7 @@ class ResourcePlan:
         return f"nvidia-{base}.sock"
 
 
-def _whole_gpu_device(gpu: Gpu) -> AdvertisedDevice:
+def whole_gpu_device(gpu: Gpu) -> AdvertisedDevice:
     """The unshared advertised device for a whole GPU."""
     return AdvertisedDevice(
         id=gpu.uuid,
@@ -134,7 +134,7 @@ def _whole_gpu_device(gpu: Gpu) -> AdvertisedDevice:
     )
 
 
-def _mig_device(gpu: Gpu, mig: MigDevice) -> AdvertisedDevice:
+def mig_device(gpu: Gpu, mig: MigDevice) -> AdvertisedDevice:
     """The unshared advertised device for a MIG device of `gpu`."""
     return AdvertisedDevice(
         id=mig.uuid,
@@ -163,10 +163,10 @@ def base_resources(
         if gpu.mig_enabled and advertises_mig_devices(strategy):
             for mig in sorted(gpu.mig_devices, key=lambda mig: mig.index):
                 name = _mig_resource_name(mig.profile, resources.mig, strategy)
-                base.setdefault(name, []).append(_mig_device(gpu, mig))
+                base.setdefault(name, []).append(mig_device(gpu, mig))
         else:
             name = _first_match(resources.gpus, gpu.name) or DEFAULT_GPU_RESOURCE
-            base.setdefault(name, []).append(_whole_gpu_device(gpu))
+            base.setdefault(name, []).append(whole_gpu_device(gpu))
     return base
 
 

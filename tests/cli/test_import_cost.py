@@ -41,7 +41,8 @@ NOT_FOR_READING_COMMANDS = (
 
 
 # What `run` with metrics off (`--metrics-address ""`) and DRA off (the default config) never imports. Of the
-# dra package it loads only the package, `dra.options` (run's DRA flags) and `dra.wiring` (the Daemon's base).
+# dra package it loads only the package, `dra.options` (run's DRA flags) and `dra.side` (the object the
+# Daemon owns).
 NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
     "kubernetes",
     "prometheus_client",
@@ -54,7 +55,7 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
 DRA_MODULES_RUN_MAY_LOAD = (
     "nvidia_device_plugin.dra",
     "nvidia_device_plugin.dra.options",
-    "nvidia_device_plugin.dra.wiring",
+    "nvidia_device_plugin.dra.side",
 )
 
 

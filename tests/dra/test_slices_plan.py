@@ -16,9 +16,9 @@ from nvidia_device_plugin.config.dra import Dra
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Gpu
-from nvidia_device_plugin.dra.attributes import quantity, semver
 from nvidia_device_plugin.dra.dryrun import DryRun, dry_run
 from nvidia_device_plugin.dra.slices import chunk_devices
+from nvidia_device_plugin.dra.values import quantity, semver
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.node import preset_names
 from nvidia_device_plugin.snapshot import build_snapshot
@@ -251,3 +251,28 @@ def test_gpu_names_use_the_minor_not_the_index() -> None:
     from nvidia_device_plugin.dra.names import gpu_device_name
 
     assert gpu_device_name(gpu) == "gpu-5" and Config().dra == Dra()
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100", "a100-mig-mixed"])
+def test_each_device_kind_says_the_same_thing_to_the_slices_cdi_and_the_device_plugin(preset: str) -> None:
+    from nvidia_device_plugin.dra.names import KINDS, published_devices
+    from nvidia_device_plugin.dra.slices import node_devices
+
+    session = open_nvml(preset)
+    try:
+        snapshot = build_snapshot(session, parse_config_text("version: v1\nflags: {migStrategy: mixed}\n"))
+    finally:
+        session.close()
+    inventory = snapshot.inventory
+    published = published_devices(inventory)
+    entries = {
+        d["name"]: d for d in node_devices(inventory, snapshot.plans, {g.uuid for g in inventory.gpus})
+    }
+    plugin = {d.physical_uuid: d for p in snapshot.plans for d in p.devices}
+    assert published and set(entries) == set(published)
+    for name, device in published.items():
+        assert device.kind in KINDS
+        assert attribute(entries[name], "type") == device.kind.name
+        advertised = device.kind.advertised(device)
+        assert advertised.kind == device.kind.name and advertised.physical_uuid == device.uuid
+        assert advertised == plugin[device.uuid]  # the device the device plugin advertises for it

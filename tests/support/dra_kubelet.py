@@ -44,6 +44,7 @@ from nvidia_device_plugin.base.workers import wait_under
 from nvidia_device_plugin.cdi.model import CdiSettings
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
+from nvidia_device_plugin.dra.kinds.mig import MIG
 from nvidia_device_plugin.dra.kubelet.cdispec import claim_spec_file
 from nvidia_device_plugin.dra.kubelet.claims import ApiClaimSource
 from nvidia_device_plugin.dra.kubelet.model import NodeDevices
@@ -286,7 +287,7 @@ def simulated_node(preset: str, config: Config | None = None) -> tuple[NvmlSessi
     for gpu in snapshot.inventory.gpus:
         for mig in gpu.mig_devices:
             name = mig_device_name(gpu, mig.profile_id or 0, mig.gpu_instance_id, 1)
-            devices[name] = DraDevice(name, gpu, mig)
+            devices[name] = DraDevice(name, gpu, mig, MIG)
     cdi = CdiSettings.from_config(snapshot.config)
     return session, NodeDevices(devices, snapshot.inventory, session.host, cdi)
 

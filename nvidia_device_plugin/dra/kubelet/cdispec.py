@@ -25,10 +25,9 @@ from nvidia_device_plugin.cdi.scan import scan_node
 from nvidia_device_plugin.cdi.spec import generate_specs
 from nvidia_device_plugin.cdi.version import minimum_version
 from nvidia_device_plugin.cdi.writer import SPEC_FILE_MODE, spec_json
-from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, NodeDevices
 from nvidia_device_plugin.dra.names import DraDevice
-from nvidia_device_plugin.plans.resources import AdvertisedDevice, ResourcePlan
+from nvidia_device_plugin.plans.resources import ResourcePlan
 
 CLAIM_VENDOR = "k8s.gpu.nvidia.com"
 CLAIM_CLASS = "claim"
@@ -53,7 +52,7 @@ def claim_spec(claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices) 
 
     Raises ClaimError when the node lacks what the spec must name (driver files, device nodes).
     """
-    advertised = [_advertised(node.inventory, device) for device in devices]
+    advertised = [device.kind.advertised(device) for device in devices]
     settings = replace(node.cdi, device_id_strategy="uuid", extra_modes=())
     host = node.host
     driver_root = host.driver_root if host.driver_root is not None else Path(settings.container_driver_root)
@@ -79,22 +78,6 @@ def claim_spec(claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices) 
         document["containerEdits"] = copy.deepcopy(common)
     document["cdiVersion"] = minimum_version(document)  # a UID may start with a digit: 0.5.0 at least
     return CdiSpec(file_name=claim_spec_file(claim_uid), kind=CLAIM_KIND, document=document)
-
-
-def _advertised(inventory: Inventory, device: DraDevice) -> AdvertisedDevice:
-    """`device` as the cdi/ package takes devices: the physical device behind one advertised ID."""
-    gpu, mig = device.gpu, device.mig
-    return AdvertisedDevice(
-        id=device.uuid,
-        kind="gpu" if mig is None else "mig",
-        physical_uuid=device.uuid,
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        mig_index=None if mig is None else mig.index,
-        replica=None,
-        numa_node=gpu.numa_node,
-        memory_bytes=gpu.memory_bytes if mig is None else mig.memory_bytes,
-    )
 
 
 def write_claim_spec(spec_dir: Path, spec: CdiSpec) -> None:
