@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+from nvidia_device_plugin.base.workers import Worker
+
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -136,19 +138,33 @@ class FailureLog:
             return self._reasons.get(key)
 
 
-class RateLimitedLog:
+class RateLimitedLog(Worker):
     """Lines that can repeat without bound (a flapping GPU's health), limited per key: at most `burst`
     lines per `window_s` seconds. The rest are counted, and when the window ends one line says how many
-    were left out and what the last of them said, so the final state is always in the log."""
+    were left out and what the last of them said, so the final state is always in the log.
+
+    The summaries are written by the log's own worker thread (`name`), which the daemon that owns the log
+    starts and stops with its other workers; stop() writes the summaries still pending, whether their
+    window ended or not, so none is lost on shutdown.
+    """
 
     def __init__(
-        self, logger: logging.Logger, burst: int | None = None, window_s: float | None = None
+        self,
+        logger: logging.Logger,
+        burst: int | None = None,
+        window_s: float | None = None,
+        name: str = "log-summaries",
     ) -> None:
+        super().__init__(name)
         self._log = logger
         self._burst = RATE_LIMIT_BURST if burst is None else burst
         self._window_s = RATE_LIMIT_WINDOW_S if window_s is None else window_s
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._windows: dict[str, _Window] = {}
+        # The windows with lines left out: one summary each when the window ends (at most one per key and
+        # window, as kept in `_windows`).
+        self._pending: list[tuple[str, _Window]] = []
 
     def log(self, key: str, level: int, message: str, *args: object) -> bool:
         """Log `message % args` unless `key` has had `burst` lines in this window; True when logged."""
@@ -161,14 +177,41 @@ class RateLimitedLog:
                 first = window.suppressed == 0
                 window.suppressed += 1
                 window.last = (level, message, args)
-                if first:  # said once the window ends, by a short timer (one per key and window at most)
-                    timer = threading.Timer(window.start + self._window_s - now, self._flush, (key, window))
-                    timer.daemon = True
-                    timer.start()
+                if first:  # said once the window ends, by the worker thread
+                    self._pending.append((key, window))
+                    self._changed.notify()
                 return False
             window.logged += 1
         self._log.log(level, message, *args)
         return True
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            for key, window in self._due(stop):
+                self._flush(key, window)
+
+    def wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def cleanup(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for key, window in pending:
+            self._flush(key, window)
+
+    def _due(self, stop: threading.Event) -> list[tuple[str, _Window]]:
+        """The windows whose summary is due, waiting until one is or `stop` is set."""
+        with self._changed:
+            while not stop.is_set():
+                now = time.monotonic()
+                due = [(key, w) for key, w in self._pending if w.start + self._window_s <= now]
+                if due:
+                    self._pending = [p for p in self._pending if p not in due]
+                    return due
+                ends = [w.start + self._window_s for _, w in self._pending]
+                self._changed.wait(min(ends) - now if ends else None)
+            return []
 
     def _flush(self, key: str, window: _Window) -> None:
         with self._lock:
@@ -184,7 +227,7 @@ class RateLimitedLog:
                 f"{suppressed} more line(s) about {key} left out in {self._window_s:g}s; the last: {message}",
                 *args,
             )
-        except Exception:  # a timer thread must not die with a traceback over a log line
+        except Exception:  # the summary thread must not die with a traceback over a log line
             self._log.exception("logging the summary of %s failed", key)
 
 

@@ -81,17 +81,18 @@ class CdiError(DevicePluginError):
 
 @dataclass(frozen=True)
 class CdiSettings:
-    """The config fields CDI spec generation reads (NVIDIA's names in the comments)."""
+    """The config fields CDI spec generation reads (NVIDIA's names in the comments), built by `from_config`
+    only: no field has a default of its own, so they cannot drift from the config's (config/v1.py)."""
 
-    device_id_strategy: DeviceIdStrategy = "uuid"
-    nvidia_driver_root: str = "/"  # nvidiaDriverRoot: the driver root on the host (host paths in the spec)
-    container_driver_root: str = "/driver-root"  # containerDriverRoot: where this process sees it
-    nvidia_dev_root: str = "/"  # nvidiaDevRoot: the host root of /dev (device nodes' host paths)
-    hook_path: str = "/usr/bin/nvidia-ctk"  # nvidiaCTKPath / --nvidia-cdi-hook-path
-    disabled_hooks: tuple[str, ...] = ()  # cdiDisableHooks
-    feature_flags: tuple[str, ...] = ()  # cdiFeatureFlags
-    spec_dir: str = "/var/run/cdi"  # cdiSpecDir (ours)
-    extra_modes: tuple[str, ...] = ()  # the names of the EXTRA_MODES enabled
+    device_id_strategy: DeviceIdStrategy
+    nvidia_driver_root: str  # nvidiaDriverRoot: the driver root on the host (host paths in the spec)
+    container_driver_root: str  # containerDriverRoot: where this process sees it
+    nvidia_dev_root: str  # nvidiaDevRoot: the host root of /dev (device nodes' host paths)
+    hook_path: str  # nvidiaCTKPath / --nvidia-cdi-hook-path
+    disabled_hooks: tuple[str, ...]  # cdiDisableHooks
+    feature_flags: tuple[str, ...]  # cdiFeatureFlags
+    spec_dir: str  # cdiSpecDir (ours)
+    extra_modes: tuple[str, ...]  # the names of the EXTRA_MODES enabled
 
     @classmethod
     def from_config(cls, config: Config) -> CdiSettings:

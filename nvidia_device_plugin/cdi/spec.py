@@ -35,7 +35,7 @@ from nvidia_device_plugin.cdi.model import (
 )
 from nvidia_device_plugin.cdi.scan import NodeScan, scan_node
 from nvidia_device_plugin.cdi.version import minimum_version
-from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.config.v1 import Config, any_cdi_enabled
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.devnodes import under
 from nvidia_device_plugin.nvml.host import HostPaths
@@ -52,7 +52,7 @@ def plan_cdi(
     problem found is returned in the plan, not raised: the snapshot is still valid for everything but the
     CDI resources.
     """
-    if not config.flags.plugin.cdi_enabled:
+    if not any_cdi_enabled(config.flags.plugin.device_list_strategy):
         return None
     settings = CdiSettings.from_config(config)
     spec_dir = str(host.spec_root / settings.spec_dir.lstrip("/"))

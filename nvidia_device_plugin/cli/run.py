@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,11 +14,9 @@ from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, con
 from nvidia_device_plugin.cli.dra import add_run_arguments as add_dra_run_arguments
 from nvidia_device_plugin.cli.dra import dra_options
 from nvidia_device_plugin.cli.labels import add_labels_file_arguments, labels_options
-from nvidia_device_plugin.config.v1 import ConfigOrigin
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.source import ConfigSource
-    from nvidia_device_plugin.config.v1 import Config
     from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
 
@@ -91,22 +88,10 @@ def _node_label_follower(args: argparse.Namespace, source: ConfigSource) -> Node
     )
 
 
-def _chosen_by_label(config: Config, label: str) -> Config:
-    """`config`, read through the follower's link, with its origin naming the file the label chose."""
-    link = config.origin.file if config.origin is not None else ""
-    try:
-        target = os.readlink(link)
-    except OSError:  # no link: the follower wrote the empty config (fallback empty)
-        target = ""
-    why = f"node label {label}: {target or 'the built-in defaults'} (config-manager's log line says why)"
-    return replace(config, origin=ConfigOrigin(target, "node-label", why))
-
-
 def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvidia_device_plugin.base.signals import serve_until_stopped
     from nvidia_device_plugin.cli.session import nvml_opener
     from nvidia_device_plugin.config.flags import config_source, load_from
-    from nvidia_device_plugin.config.source import ConfigSource
     from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
     from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
@@ -115,9 +100,8 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     source = config_source(args, environ)
     follower = _node_label_follower(args, source)
     if follower is not None:
-        source = ConfigSource.from_file(follower.config_file)  # linked by the follower when it starts
-        linked, label = source, args.node_config_label
-        load_config = lambda: _chosen_by_label(load_from(linked, args, environ), label)  # noqa: E731
+        source = follower.source  # linked by the follower when it starts
+        load_config = partial(load_from, source, args, environ)
 
     def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
         return ConfigWatcher(source, on_change)

@@ -49,6 +49,8 @@ class ConfigSource:
     fallback_strategies: tuple[FallbackStrategy, ...] = DEFAULT_FALLBACK_STRATEGIES
     # How the file was named, for the log: "--config-file" or "CONFIG_FILE" (config.flags sets it).
     named_by: str = field(default="", compare=False)
+    # The node label whose config `file` links to: the in-process config-manager's link (`linked_by_label`).
+    chosen_by_label: str | None = None
 
     def __post_init__(self) -> None:
         if self.file is not None and self.directory is not None:
@@ -65,6 +67,12 @@ class ConfigSource:
     @classmethod
     def from_file(cls, path: Path, named_by: str = "") -> ConfigSource:
         return cls(file=path, named_by=named_by)
+
+    @classmethod
+    def linked_by_label(cls, link: Path, label: str) -> ConfigSource:
+        """The in-process config-manager's `link`, pointed at the config the node's `label` chooses (or a
+        file of the built-in defaults); its configs' origin names the file the label chose."""
+        return cls(file=link, chosen_by_label=label)
 
     @classmethod
     def from_directory(
@@ -99,6 +107,8 @@ class ConfigSource:
     def choose(self) -> tuple[Path | None, ConfigOrigin]:
         """The file to read now (None: the built-in defaults) and how it was chosen, for the log lines and
         the active-config metric. Raises ConfigError when no file can be chosen."""
+        if self.file is not None and self.chosen_by_label is not None:
+            return self.file, _chosen_by_label(self.file, self.chosen_by_label)
         if self.file is not None:
             return self.file, ConfigOrigin(str(self.file), "config-file", self._file_why(self.file))
         if self.directory is None:
@@ -183,6 +193,16 @@ class ConfigSource:
         if self.directory is not None:
             return [self.directory]
         return []
+
+
+def _chosen_by_label(link: Path, label: str) -> ConfigOrigin:
+    """The origin of a config read through the config-manager's `link`: the file `label` chose."""
+    try:
+        target = os.readlink(link)
+    except OSError:  # no link: the config-manager wrote the empty config (fallback empty)
+        target = ""
+    why = f"node label {label}: {target or 'the built-in defaults'} (config-manager's log line says why)"
+    return ConfigOrigin(target, "node-label", why)
 
 
 def _exists(path: Path) -> bool:

@@ -58,6 +58,8 @@ HealthEventType = Literal[
 
 MIG_STRATEGIES: Final[tuple[MigStrategy, ...]] = get_args(MigStrategy)
 DEVICE_LIST_STRATEGIES: Final[tuple[DeviceListStrategy, ...]] = get_args(DeviceListStrategy)
+# The strategies that answer Allocate with CDI names (any_cdi_enabled / all_cdi_enabled read them).
+CDI_DEVICE_LIST_STRATEGIES: Final[frozenset[DeviceListStrategy]] = frozenset({"cdi-annotations", "cdi-cri"})
 DEVICE_ID_STRATEGIES: Final[tuple[DeviceIdStrategy, ...]] = get_args(DeviceIdStrategy)
 DEVICE_DISCOVERY_STRATEGIES: Final[tuple[DeviceDiscoveryStrategy, ...]] = get_args(DeviceDiscoveryStrategy)
 SHARED_ALLOCATION_POLICIES: Final[tuple[SharedAllocationPolicy, ...]] = get_args(SharedAllocationPolicy)
@@ -106,9 +108,16 @@ def shown_int(value: int) -> str:
     return text if len(text) <= 40 else text[:20] + "..."
 
 
-def uses_cdi(strategies: Sequence[str]) -> bool:
-    """Whether a device-list strategy list names a CDI strategy (cdi-annotations, cdi-cri)."""
-    return any(s.startswith("cdi-") for s in strategies)
+def any_cdi_enabled(strategies: Sequence[DeviceListStrategy]) -> bool:
+    """Whether any device-list strategy is a CDI one (NVIDIA's AnyCDIEnabled): Allocate names CDI devices,
+    so their specs must exist."""
+    return any(s in CDI_DEVICE_LIST_STRATEGIES for s in strategies)
+
+
+def all_cdi_enabled(strategies: Sequence[DeviceListStrategy]) -> bool:
+    """Whether every device-list strategy is a CDI one (NVIDIA's AllCDIEnabled): the CDI spec then sets
+    NVIDIA_VISIBLE_DEVICES and the device nodes, and Allocate passes neither."""
+    return all(s in CDI_DEVICE_LIST_STRATEGIES for s in strategies)
 
 
 @dataclass(frozen=True)
@@ -124,11 +133,6 @@ class PluginFlags:
     cdi_feature_flags: tuple[str, ...] = ()  # NVIDIA's --cdi-feature-flags, passed to spec generation
     cdi_disable_hooks: tuple[str, ...] = ()  # NVIDIA's --cdi-disable-hooks: hooks left out of the spec
     cdi_spec_dir: str = DEFAULT_CDI_SPEC_DIR  # ours: where generated CDI specs are written
-
-    @property
-    def cdi_enabled(self) -> bool:
-        """Whether any device-list strategy answers Allocate with CDI names (so specs must exist)."""
-        return uses_cdi(self.device_list_strategy)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any
 from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.config.selection import ConfigSelectionError, FallbackStrategy
+from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.configmanager.link import LinkError
 from nvidia_device_plugin.configmanager.manager import ConfigManager
 from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, api_client_from_environment
@@ -55,6 +56,8 @@ class NodeLabelConfig(Worker):
         super().__init__("node-label-watch")
         self._link_dir = Path(tempfile.mkdtemp(prefix="nvdp-node-config-"))
         self.config_file = self._link_dir / LINK_NAME
+        # What the daemon reads: the link, its configs' origin naming the file the label chose.
+        self.source = ConfigSource.linked_by_label(self.config_file, label)
         self._settings = Settings(
             node_name=node_name,
             node_label=label,

@@ -135,6 +135,7 @@ class Daemon:
         self.workers = WorkerGroup()  # every thread of the process, in start order (see the module doc)
         watcher = options.watch(self._on_config_file_changed) if options.watch is not None else None
         for part in (
+            self._health_lines,  # its summaries: stopped last, after every thread that logs through it
             self._probes,
             options.node_config,
             watcher,

@@ -64,7 +64,8 @@ from nvidia_device_plugin.config.v1 import (
     DeviceIdStrategy,
     DeviceListStrategies,
     SharedAllocationPolicy,
-    uses_cdi,
+    all_cdi_enabled,
+    any_cdi_enabled,
 )
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.health.registry import DeviceHealth
@@ -83,29 +84,31 @@ _RESPONSE_ID_NAMESPACE = uuid.UUID("6f1c2f0e-6a43-4f4e-9d0a-3b1f2c9f7d10")
 
 @dataclass(frozen=True)
 class AllocationSettings:
-    """The config fields that shape an Allocate response (defaults are NVIDIA's).
+    """The config fields that shape an Allocate response, built by `from_config` only.
 
-    The strategies were validated by the config loader; their Literal types keep other callers honest.
+    No field has a default of its own: the defaults are the config's (config/v1.py's Flags), so the two
+    cannot drift. The strategies were validated by the config loader; their Literal types keep other
+    callers honest.
     """
 
-    device_list_strategy: DeviceListStrategies = ("envvar",)
-    device_id_strategy: DeviceIdStrategy = "uuid"
-    pass_device_specs: bool = False
-    nvidia_dev_root: str = "/"
-    cdi_annotation_prefix: str = "cdi.k8s.io/"
-    mps_root: str = "/run/nvidia/mps"
-    gdrcopy_enabled: bool = False
-    gds_enabled: bool = False
-    mofed_enabled: bool = False
-    proc_root: str = "/proc"  # where the MIG capability files are read
-    device_node_probe_root: str = "/"  # where the optional control nodes are looked for
-    shared_devices_allocation_policy: SharedAllocationPolicy = "distributed"
-    imex_channel_ids: tuple[int, ...] = ()
-    imex_required: bool = False
+    device_list_strategy: DeviceListStrategies
+    device_id_strategy: DeviceIdStrategy
+    pass_device_specs: bool
+    nvidia_dev_root: str
+    cdi_annotation_prefix: str
+    mps_root: str
+    gdrcopy_enabled: bool
+    gds_enabled: bool
+    mofed_enabled: bool
+    proc_root: str  # where the MIG capability files are read
+    device_node_probe_root: str  # where the optional control nodes are looked for
+    shared_devices_allocation_policy: SharedAllocationPolicy
+    imex_channel_ids: tuple[int, ...]
+    imex_required: bool
     # What the snapshot's CDI specs define (cdi/), so Allocate names nothing else: the IMEX channels of the
     # imex-channel spec, and the extra modes whose spec was left out (their kernel nodes absent).
-    cdi_imex_channels: tuple[int, ...] = ()
-    cdi_dropped_extra_modes: tuple[str, ...] = ()
+    cdi_imex_channels: tuple[int, ...]
+    cdi_dropped_extra_modes: tuple[str, ...]
 
     @classmethod
     def from_config(
@@ -137,14 +140,6 @@ class AllocationSettings:
                 if defined and cdi is not None and m not in cdi.extra_modes
             ),
         )
-
-    @property
-    def cdi_enabled(self) -> bool:
-        return uses_cdi(self.device_list_strategy)
-
-    @property
-    def only_cdi(self) -> bool:
-        return all(s.startswith("cdi-") for s in self.device_list_strategy)
 
 
 class AllocationIndex:
@@ -204,7 +199,7 @@ def _container_response(request: _Request) -> _Response:
     _update_for_cdi(response, request)
     _update_for_mps(response, request)
     _update_for_extra_modes(response, request)
-    if request.settings.only_cdi:
+    if all_cdi_enabled(request.settings.device_list_strategy):
         return response  # the CDI spec sets NVIDIA_VISIBLE_DEVICES and the device nodes
     _update_for_envvar(response, request)
     _update_for_volume_mounts(response, request)
@@ -216,7 +211,7 @@ def _container_response(request: _Request) -> _Response:
 def _update_for_cdi(response: _Response, request: _Request) -> None:
     """`cdi-annotations`: one annotation naming the CDI devices; `cdi-cri`: the same names as CDI devices."""
     settings = request.settings
-    if not settings.cdi_enabled:
+    if not any_cdi_enabled(settings.device_list_strategy):
         return
     names = [cdi_device_name(GPU_CLASS, rid) for rid in request.runtime_ids]
     names += [cdi_device_name(IMEX_CLASS, str(channel)) for channel in settings.cdi_imex_channels]

@@ -7,6 +7,7 @@ this decides whether a snapshot can be served at all (`imex.required`) and says 
 from __future__ import annotations
 
 from nvidia_device_plugin import devnodes
+from nvidia_device_plugin.config.v1 import any_cdi_enabled
 from nvidia_device_plugin.serving.allocate import AllocationSettings
 
 
@@ -32,7 +33,9 @@ def imex_summary(settings: AllocationSettings) -> str:
     present = devnodes.present_imex_channels(settings.imex_channel_ids, settings.device_node_probe_root)
     paths = [devnodes.imex_channel_path(c) for c in settings.imex_channel_ids]
     state = "present" if len(present) == len(paths) else "missing, not injected until it appears"
-    if settings.cdi_enabled and len(present) != len(paths):  # the CDI spec of the snapshot must define it
+    if any_cdi_enabled(settings.device_list_strategy) and len(present) != len(
+        paths
+    ):  # the CDI spec of the snapshot must define it
         state = "missing, not injected until it appears and the config is reloaded"
     required = "required" if settings.imex_required else "not required"
     return f"imex: injecting {', '.join(paths)} into every container ({state}; {required})"

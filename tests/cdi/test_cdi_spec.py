@@ -12,10 +12,11 @@ import io
 import json
 import shutil
 from contextlib import redirect_stdout
+from dataclasses import MISSING, fields, replace
 
 from cdi_support import assert_valid_spec, by_name, cdi_config, gpu_spec, snapshot_of
 
-from nvidia_device_plugin.cdi.model import CDI_VENDOR
+from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiSettings
 from nvidia_device_plugin.cli.main import main
 from nvidia_device_plugin.config.v1 import Config, Flags
 from nvidia_device_plugin.health.registry import UnhealthyIds
@@ -195,7 +196,8 @@ def test_mig_devices_by_index_carry_the_same_nodes_as_pass_device_specs(sessions
     snapshot = snapshot_of(sessions, "a100-mig-mixed", cdi_config(ids="index", mig="mixed"))
     spec = by_name(gpu_spec(snapshot))
     assert "3" in spec and "0:0" in spec and "all" not in spec
-    specs_settings = AllocationSettings(
+    specs_settings = replace(
+        AllocationSettings.from_config(Config()),
         device_list_strategy=("envvar",),
         pass_device_specs=True,
         proc_root=snapshot.allocation.proc_root,
@@ -343,3 +345,15 @@ def test_every_spec_of_every_preset_validates(sessions: list[NvmlSession]) -> No
             assert snapshot.cdi is not None and snapshot.cdi.problem is None, (node, snapshot.cdi)
             for spec in snapshot.cdi.specs:
                 assert_valid_spec(spec.document)
+
+
+def test_cdi_settings_take_every_default_from_the_config() -> None:
+    # No default of its own to drift from the config's: from_config is the one way to build the settings.
+    assert [f.name for f in fields(CdiSettings) if f.default is not MISSING] == []
+    assert [f.name for f in fields(CdiSettings) if f.default_factory is not MISSING] == []
+    settings = CdiSettings.from_config(Config())
+    assert (settings.nvidia_driver_root, settings.container_driver_root, settings.spec_dir) == (
+        "/",
+        "/driver-root",
+        "/var/run/cdi",
+    )

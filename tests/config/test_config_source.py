@@ -113,6 +113,24 @@ def test_file_and_no_file_sources(tmp_path: Path) -> None:
     ).flags.mig_strategy == ("mixed")
 
 
+def test_a_config_linked_by_the_config_manager_names_the_file_the_node_label_chose(tmp_path: Path) -> None:
+    chosen = tmp_path / "configs" / "shared"
+    chosen.parent.mkdir()
+    chosen.write_text("version: v1\n")
+    link = tmp_path / "link" / "config.yaml"
+    link.parent.mkdir()
+    link.symlink_to(chosen)
+    source = ConfigSource.linked_by_label(link, "nvidia.com/device-plugin.config")
+    why = f"node label nvidia.com/device-plugin.config: {chosen} (config-manager's log line says why)"
+    assert source.load().origin == ConfigOrigin(str(chosen), "node-label", why)
+    assert source.watch_paths() == [link.parent, chosen.parent]
+    link.unlink()
+    link.write_text("")  # the config-manager's empty config (fallback empty): no link, built-in defaults
+    label = "node label nvidia.com/device-plugin.config"
+    why = f"{label}: the built-in defaults (config-manager's log line says why)"
+    assert source.load().origin == ConfigOrigin("", "node-label", why)
+
+
 @pytest.mark.parametrize(
     ("keys", "strategies", "chosen"),
     [

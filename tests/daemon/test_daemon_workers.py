@@ -31,6 +31,7 @@ DAEMON_THREADS = {
     "mps-readiness",
     "plugin-registrar",
     "nvml-health",
+    "log-summaries",  # the rate-limited health lines' summaries
 }
 
 

@@ -98,11 +98,13 @@ def test_json_format_keeps_each_record_on_one_line(capsys: pytest.CaptureFixture
 
 
 def test_repeated_lines_are_limited_per_key_and_summarised_when_the_window_ends(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
     logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
     caplog.set_level(logging.INFO, logger=logger.name)
     lines = RateLimitedLog(logger, burst=3, window_s=0.2)
+    lines.start()  # the summaries' worker, as the daemon that owns the log starts it
+    request.addfinalizer(lines.stop)
     logged = [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(100)]
     assert lines.log("GPU-b", logging.INFO, "GPU-b once")  # another key has its own budget
     assert logged == [True] * 3 + [False] * 97
@@ -113,3 +115,18 @@ def test_repeated_lines_are_limited_per_key_and_summarised_when_the_window_ends(
     (summary,) = [m for m in messages if "left out" in m]
     assert summary == "97 more line(s) about GPU-a left out in 0.2s; the last: GPU-a flip 99"
     assert lines.log("GPU-a", logging.WARNING, "GPU-a after the window")  # a new window, a new budget
+
+
+def test_the_summaries_are_a_worker_whose_stop_writes_what_is_pending_and_joins(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
+    caplog.set_level(logging.INFO, logger=logger.name)
+    lines = RateLimitedLog(logger, burst=1, window_s=3600.0)
+    lines.start()
+    assert lines.alive
+    assert [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(3)] == [True, False, False]
+    lines.stop()
+    assert not lines.alive  # joined by its owner's stop, not left to the end of the process
+    summaries = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert summaries == ["2 more line(s) about GPU-a left out in 3600s; the last: GPU-a flip 2"]

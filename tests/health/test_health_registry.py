@@ -5,6 +5,7 @@ import threading
 import pytest
 
 from nvidia_device_plugin.base.errors import AllocationError
+from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.events import CauseKind, HealthCause, HealthChange
 from nvidia_device_plugin.health.policy import LOST, RECOVERED
@@ -87,12 +88,12 @@ def test_allocate_asks_the_registry() -> None:
     registry = HealthRegistry()
     mig_plan = AllocationIndex(plans()[0], Inventory(gpus=()))  # no device specs: no GPU facts read
     request = [[replica_id(MIG0_0, 1)]]
-    assert allocate(mig_plan, request, AllocationSettings(), registry).container_responses
+    assert allocate(mig_plan, request, AllocationSettings.from_config(Config()), registry).container_responses
     registry.mark(HealthChange(GPU0, healthy=False, cause=xid(79)))  # its GPU goes down
     with pytest.raises(AllocationError, match=rf"device '{replica_id(MIG0_0, 1)}' is unhealthy"):
-        allocate(mig_plan, request, AllocationSettings(), registry)
+        allocate(mig_plan, request, AllocationSettings.from_config(Config()), registry)
     registry.mark(HealthChange(GPU0, healthy=True, cause=RECOVERED))
-    assert allocate(mig_plan, request, AllocationSettings(), registry).container_responses
+    assert allocate(mig_plan, request, AllocationSettings.from_config(Config()), registry).container_responses
 
 
 def test_gpu_reason_wins_over_its_mig_devices_reason() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from nvidia_device_plugin.config.v1 import Config, Flags
@@ -31,7 +32,8 @@ def test_pass_device_specs_allocates_a_mig_device_on_the_simulated_host() -> Non
         (device,) = plan.devices
         mig = inventory.mig_device(device.physical_uuid)
         assert mig is not None and mig.parent_index == 1
-        settings = AllocationSettings(
+        settings = replace(
+            AllocationSettings.from_config(Config()),
             pass_device_specs=True,
             proc_root=str(host.proc_root),
             device_node_probe_root=str(host.dev_root),

@@ -6,6 +6,7 @@ import json
 import os
 import re
 from collections.abc import Container, Sequence
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import pytest
@@ -141,7 +142,7 @@ def _settings(node: Path | None = None, **overrides: object) -> AllocationSettin
     roots: dict[str, object] = {}
     if node is not None:
         roots = {"proc_root": str(node / "proc"), "device_node_probe_root": str(node)}
-    return AllocationSettings(**{**roots, **overrides})  # type: ignore[arg-type]
+    return replace(AllocationSettings.from_config(Config()), **{**roots, **overrides})  # type: ignore[arg-type]
 
 
 def _allocate(
@@ -513,7 +514,8 @@ def test_settings_from_config_take_the_plugin_flags() -> None:
         )
     )
     settings = AllocationSettings.from_config(config)
-    assert settings == AllocationSettings(
+    assert settings == replace(
+        AllocationSettings.from_config(Config()),
         device_list_strategy=("envvar", "cdi-cri"),
         device_id_strategy="index",
         pass_device_specs=True,
@@ -522,7 +524,9 @@ def test_settings_from_config_take_the_plugin_flags() -> None:
         mps_root="/var/mps",
         gds_enabled=True,
     )
-    assert AllocationSettings.from_config(Config()) == AllocationSettings()
+    # No default of its own to drift from the config's: from_config is the one way to build the settings.
+    assert [f.name for f in fields(AllocationSettings) if f.default is not MISSING] == []
+    assert [f.name for f in fields(AllocationSettings) if f.default_factory is not MISSING] == []
     host = HostPaths(sysfs_root=Path("/s"), proc_root=Path("/p"), dev_root=Path("/d"))
     from_host = AllocationSettings.from_config(Config(), host)
     assert (from_host.proc_root, from_host.device_node_probe_root) == ("/p", "/d")

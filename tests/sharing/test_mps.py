@@ -14,6 +14,7 @@ import pytest
 from nvidia_device_plugin.api.v1beta1 import api_pb2
 from nvidia_device_plugin.base.errors import AllocationError, ConfigError
 from nvidia_device_plugin.config.loader import parse_config_text
+from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.health.registry import UnhealthyIds
 from nvidia_device_plugin.nvml.session import open_nvml
@@ -44,7 +45,7 @@ def _mps_plan(name: str = "nvidia.com/gpu", replicas: int = 4) -> ResourcePlan:
 def _allocate(plan: ResourcePlan, requests: list[list[str]]) -> api_pb2.AllocateResponse:
     """allocate() with the default settings, every device healthy (no device specs: no GPU facts read)."""
     index = AllocationIndex(plan, Inventory(gpus=()))
-    return allocate(index, requests, AllocationSettings(), UnhealthyIds(()))
+    return allocate(index, requests, AllocationSettings.from_config(Config()), UnhealthyIds(()))
 
 
 @pytest.fixture

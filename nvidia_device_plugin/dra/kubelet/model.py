@@ -10,7 +10,7 @@ nodes are (for the CDI spec).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.cdi.model import CdiSettings
@@ -74,4 +74,4 @@ class NodeDevices:
     devices: Mapping[str, DraDevice]
     inventory: Inventory
     host: HostPaths
-    cdi: CdiSettings = field(default_factory=CdiSettings)
+    cdi: CdiSettings
