@@ -19,6 +19,7 @@ from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator, start_daemon
 
 
@@ -95,7 +96,7 @@ def test_reload_applies_new_replicas_without_restart(plugin_dir: Path, kubelet: 
         configs.append(Config(sharing=shared))
         assert daemon.reload("test")
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 32, timeout=5)
-        assert all("::" in d for d in kubelet.devices(GPU))
+        assert_all(kubelet.devices(GPU), lambda d: "::" in d)
     finally:
         daemon.stop()
 

@@ -16,6 +16,7 @@ from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 
 
@@ -88,7 +89,7 @@ def test_reload_retries_back_off_doubling_to_the_cap_and_start_again_from_the_fi
         assert retry_delays(caplog) == ["0.01s", "0.02s", "0.04s", "0.04s"]
         rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
         assert len(rejected) == 4
-        assert all("still serving the previous config" in line for line in rejected)
+        assert_all(rejected, lambda line: "still serving the previous config" in line)
 
         # A reload that lands resets the backoff: the next NVML failure is retried after the first delay.
         simulator(daemon).fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=1)

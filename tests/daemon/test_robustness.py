@@ -29,6 +29,7 @@ from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.plans.resources import physical_uuid_of
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.markers import soak
 
@@ -200,7 +201,7 @@ def test_xid_storm_leaves_other_gpus_allocatable(daemon: Daemon, kubelet: Kubele
         for thread in threads:
             thread.join(timeout=10)
     assert not failures, failures[:5]
-    assert all(successes[i] > 0 for i in healthy), successes
+    assert_all(healthy, lambda i: successes[i] > 0, successes)
     for i in stormed:
         assert health(kubelet, uuids[i]) == "Unhealthy"
         err = rpc_error(functools.partial(kubelet.allocate, GPU, [[uuids[i]]]))
