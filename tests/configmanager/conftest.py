@@ -1,4 +1,5 @@
-"""A decoy named as the plugin watches every config-manager test: config-manager's default
+"""A decoy named as the plugin watches every config-manager test (counting only the signals this test process
+and its children send): config-manager's default
 PROCESS_TO_SIGNAL (`nvidia-device-plugin`) identifies it, so a test that lets config-manager signal the
 machine's processes (SEND_SIGNAL on, outside a PID namespace of its own) signals the decoy, and fails, where
 it would otherwise signal a developer's running plugin."""
@@ -12,7 +13,7 @@ import pytest
 
 from nvidia_device_plugin.configmanager.settings import DEFAULT_PROCESS_TO_SIGNAL
 
-from support.signal_targets import signals_recorded, start_recorder
+from support.signal_targets import signals_recorded, start_session_decoy
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def plugin_decoy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A process this module starts, named as the plugin is; the file its SIGHUPs are recorded in."""
     where = tmp_path_factory.mktemp("decoy")
     marker = where / "signals"
-    decoy = start_recorder(where / DEFAULT_PROCESS_TO_SIGNAL, marker)
+    decoy = start_session_decoy(where / DEFAULT_PROCESS_TO_SIGNAL, marker)
     try:
         yield marker
     finally:
