@@ -34,6 +34,7 @@ from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, wr
 from nvidia_device_plugin.snapshot import build_snapshot
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, start_daemon
 from support.waiting import wait_for
 
@@ -183,7 +184,7 @@ def test_an_mps_status_file_that_is_no_regular_file_in_its_place_reads_as_not_re
     try:
         assert kubelet.wait_for_resources([GPU])
         assert kubelet.wait_for(lambda: _health(kubelet, gpus[1]) == {"Unhealthy"})
-        assert all(_health(kubelet, g) == {"Healthy"} for g in (gpus[0], gpus[2], gpus[3]))
+        assert_all((gpus[0], gpus[2], gpus[3]), lambda g: _health(kubelet, g) == {"Healthy"})
         assert expected in _refusal(kubelet, gpus[1])
         assert returns(lambda: daemon.reload("test"), "a reload") is True  # type: ignore[attr-defined]
     finally:

@@ -26,6 +26,8 @@ from nvidia_device_plugin.nvml.sim.host import drm_node_names
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 from nvidia_device_plugin.snapshot import build_snapshot
 
+from support.checks import assert_all
+
 LIB = "/usr/lib/x86_64-linux-gnu"
 DRIVER_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]  # NVIDIA's discover.Mount options
 VULKAN_OPTIONS = ["ro", "nosuid", "nodev", "bind"]  # NVIDIA's mountsToContainerPath (Vulkan files)
@@ -123,7 +125,7 @@ def test_hooks_are_nvidias_in_its_order_and_the_library_links_follow_its_rule(
         "update-ldcache",
         "disable-device-node-modification",
     ]
-    assert all(h["hookName"] == "createContainer" and h["env"] == ["NVIDIA_CTK_DEBUG=false"] for h in hooks)
+    assert_all(hooks, lambda h: h["hookName"] == "createContainer" and h["env"] == ["NVIDIA_CTK_DEBUG=false"])
     assert hooks[2]["args"][3:] == [f"--host-driver-version={version}"]
     assert hooks[3]["args"][3:] == ["--folder", LIB, "--folder", f"{LIB}/vdpau"]
     assert hooks[4]["args"][3:] == []
@@ -242,7 +244,7 @@ def test_host_paths_follow_the_driver_and_dev_roots_and_the_hook_path(sessions: 
         {"path": p, "hostPath": "/host" + p}
         for p in ("/dev/nvidia0", "/dev/dri/card1", "/dev/dri/renderD128")
     ]
-    assert all(m["hostPath"].startswith("/run/nvidia/driver/") for m in edits["mounts"])
+    assert_all(edits["mounts"], lambda m: m["hostPath"].startswith("/run/nvidia/driver/"))
     assert {h["path"] for h in edits["hooks"]} == {"/usr/local/nvidia/toolkit/nvidia-cdi-hook"}
     assert [h["args"][:2] for h in edits["hooks"]][-1] == [
         "nvidia-cdi-hook",
@@ -255,7 +257,7 @@ def test_the_gpu_operator_hook_path_runs_nvidia_ctk_hook(sessions: list[NvmlSess
     spec = gpu_spec(snapshot_of(sessions, "t4-single", cdi_config(nvidia_ctk_path=operator))).document
     hooks = [*spec["containerEdits"]["hooks"], *spec["devices"][0]["containerEdits"]["hooks"]]
     assert {h["path"] for h in hooks} == {operator}
-    assert all(h["args"][:2] == ["nvidia-ctk", "hook"] for h in hooks)
+    assert_all(hooks, lambda h: h["args"][:2] == ["nvidia-ctk", "hook"])
 
 
 def test_disabled_hooks_and_feature_flags(sessions: list[NvmlSession]) -> None:

@@ -11,6 +11,8 @@ from nvidia_device_plugin.cli.common import DefaultsHelpFormatter, preset_names
 from nvidia_device_plugin.cli.main import COMMANDS, build_parser, main, with_command
 from nvidia_device_plugin.nvml.sim import node
 
+from support.checks import assert_all
+
 
 def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     with pytest.raises(SystemExit) as exit_:
@@ -73,7 +75,7 @@ def test_help_lists_the_commands_and_the_presets(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["--help"], {})
     text = " ".join(capsys.readouterr().out.split())
-    assert all(command in text for command in COMMANDS)
+    assert_all(COMMANDS, lambda command: command in text)
     assert (
         "Simulated nodes for --simulate: " + ", ".join(node.preset_names()) + ", or a YAML node file." in text
     )

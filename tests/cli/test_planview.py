@@ -8,6 +8,7 @@ from nvidia_device_plugin.cli.planview import plan_to_json, render_plan_table
 from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.plans.resources import replica_id
 
+from support.checks import assert_all
 from support.inventories import (
     A100,
     GIB,
@@ -83,7 +84,7 @@ def test_table_for_a_time_sliced_dgx() -> None:
     assert len(rows) == 32
     assert rows[0] == [replica_id(gpu_uuid(0), 0), "0", gpu_uuid(0), A100, "80.0 GiB", "0"]
     assert rows[-1] == [replica_id(gpu_uuid(7), 3), "7", gpu_uuid(7), A100, "80.0 GiB", "1"]
-    assert all(line == line.rstrip() for line in lines)
+    assert_all(lines, lambda line: line == line.rstrip())
     assert table.endswith("\n")
 
 
@@ -94,7 +95,7 @@ def test_table_columns_line_up() -> None:
     header, rows = block[1], block[2:]
     for column in ("DEVICE", "UUID", "MODEL", "MEMORY", "NUMA"):
         start = header.index(column)
-        assert all(row[start - 2 : start] == "  " and row[start] != " " for row in rows)
+        assert_all(rows, lambda row, at=start: row[at - 2 : at] == "  " and row[at] != " ")
 
 
 def test_table_shows_mig_profiles_and_unknown_numa() -> None:
@@ -137,7 +138,7 @@ def test_json_document_keys_and_values() -> None:
     for resource in document["resources"]:
         assert set(resource) == RESOURCE_KEYS
         assert resource["device_count"] == len(resource["devices"])
-        assert all(set(dev) == DEVICE_KEYS for dev in resource["devices"])
+        assert_all(resource["devices"], lambda dev: set(dev) == DEVICE_KEYS)
     big = resources["nvidia.com/mig-3g.40gb"]
     assert (big["socket"], big["sharing"], big["replicas"]) == ("nvidia-mig-3g.40gb.sock", "time-slicing", 2)
     assert big["devices"][1] == {
@@ -156,7 +157,7 @@ def test_json_document_keys_and_values() -> None:
 
     gpus = document["gpus"]
     assert [g["index"] for g in gpus] == [0, 1, 2]
-    assert all(set(g) == GPU_KEYS for g in gpus)
+    assert_all(gpus, lambda g: set(g) == GPU_KEYS)
     assert gpus[0]["resources"] == [
         "nvidia.com/mig-1g.10gb",
         "nvidia.com/mig-2g.20gb",

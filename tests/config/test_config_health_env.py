@@ -10,6 +10,7 @@ import pytest
 from nvidia_device_plugin.config.flags import apply_health_env, resolve_config
 from nvidia_device_plugin.config.v1 import DEFAULT_IGNORED_XIDS, Health
 
+from support.checks import assert_all
 from support.configs import parse_args
 
 # --------------------------------------------------------------------------------------------------------
@@ -67,7 +68,7 @@ def test_disable_all_but_the_enabled_ones() -> None:
 def test_enable_all_makes_every_xid_critical() -> None:
     health = health_with({"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "all"})
     assert health.disabled is False
-    assert all(health.is_critical(xid) for xid in [*DEFAULT_IGNORED_XIDS, 48, 79])
+    assert_all([*DEFAULT_IGNORED_XIDS, 48, 79], lambda xid: health.is_critical(xid))
 
 
 def test_no_health_env_leaves_health_alone() -> None:

@@ -21,6 +21,7 @@ from test_config_reading import without_file_permission_override
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.watch import ConfigWatcher, fingerprint
 
+from support.checks import assert_all
 from support.waiting import eventually
 
 WAIT = 20.0  # generous bound for a loaded CI machine; tests normally finish in well under a second
@@ -271,7 +272,7 @@ def test_stop_is_prompt_and_leaves_no_thread_behind(tmp_path: Path) -> None:
     watcher.start()
     names = {t.name for t in our_threads() - before}
     assert "config-watcher" in names and "config-watcher-events" in names
-    assert all(name.startswith("config-watcher") for name in names)
+    assert_all(names, lambda name: name.startswith("config-watcher"))
     watcher.stop(timeout=WAIT)
     assert our_threads() - before == set()
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +20,9 @@ from nvidia_device_plugin.config.selection import (
 from nvidia_device_plugin.configmanager.link import point_link, write_empty_config
 from nvidia_device_plugin.configmanager.processes import find_processes, signal_processes
 from nvidia_device_plugin.configmanager.settings import SettingsError, parse_settings
+
+from support.signal_targets import signals_recorded, start_recorder
+from support.waiting import eventually
 
 NAMED, SINGLE, EMPTY = FallbackStrategy.NAMED, FallbackStrategy.SINGLE, FallbackStrategy.EMPTY
 
@@ -160,35 +161,42 @@ def test_link_is_replaced_atomically_and_reports_changes(tmp_path: Path) -> None
 
 # ---- signalling ------------------------------------------------------------------------------------------
 
-_SIGNAL_TARGET = """
-import signal, sys, time
-path = sys.argv[1]
-signal.signal(signal.SIGHUP, lambda *_: open(path, "w").write("hup"))
-print("ready", flush=True)
-for _ in range(600):  # bounded: gone after a minute even if the test forgets it
-    time.sleep(0.1)
-"""
 
-
-def test_signal_reaches_a_python_process_named_by_a_later_word(tmp_path: Path) -> None:
-    # As the plugin runs: `python3 /usr/local/bin/nvidia-device-plugin run`, argv[0] is the interpreter.
-    name = f"fake-plugin-{os.getpid()}"
+def test_signal_reaches_a_python_script_by_its_process_name(tmp_path: Path) -> None:
+    # As the plugin runs: `/usr/local/bin/nvidia-device-plugin run` exec'd by its `#!` line, argv[0] is the
+    # interpreter and the kernel names the process after the script (cut to 15 bytes: this name is longer).
+    name = f"fake-plugin-{os.getpid():08d}"
     marker = tmp_path / "got-hup"
-    script = tmp_path / name
-    script.write_text(_SIGNAL_TARGET)
-    target = subprocess.Popen([sys.executable, str(script), str(marker)], stdout=subprocess.PIPE, text=True)
+    target = start_recorder(tmp_path / name, marker)
     try:
-        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
         assert find_processes(name) == [target.pid]
         assert signal_processes(name, signal.SIGHUP) == [target.pid]
-        for _ in range(300):  # the handler runs asynchronously in the other process
-            if marker.exists() and marker.read_text() == "hup":  # created before it is written
-                break
-            time.sleep(0.02)
-        assert marker.read_text() == "hup"
+        assert eventually(lambda: signals_recorded(marker) == 1), "the handler runs in the other process"
     finally:
         target.kill()
         target.wait()
+
+
+def test_a_name_only_on_a_command_line_is_not_signalled(tmp_path: Path) -> None:
+    """`python3 <dir>/<name>` is a process named python3: the name on its command line does not make it
+    the process to signal (a build, an editor, a demo run from a checkout named so)."""
+    name = f"decoy-{os.getpid()}"
+    marker = tmp_path / "got-hup"
+    decoy = start_recorder(tmp_path / name, marker, by_interpreter=True)
+    try:
+        assert find_processes(name) == []
+        assert signal_processes(name, signal.SIGHUP) == []
+        time.sleep(0.2)  # a signal, had one been sent, is handled by now
+        assert signals_recorded(marker) == 0
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+def test_config_manager_never_finds_itself() -> None:
+    own_name = Path("/proc/self/comm").read_text().strip()  # this test's process: python3.x or pytest
+    assert len(own_name) < 15, f"{own_name!r} is cut: the test needs a whole name"
+    assert os.getpid() not in find_processes(own_name)
 
 
 def test_no_process_to_signal_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:

@@ -18,19 +18,10 @@ import pytest
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.namespaces import pid_namespace_prefix
+from support.signal_targets import start_recorder
 from support.waiting import wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
-
-# Stands in for the plugin: records each SIGHUP, says when its handler is in place, ends within a minute.
-_SIGNAL_TARGET = """
-import signal, sys, time
-path = sys.argv[1]
-signal.signal(signal.SIGHUP, lambda *_: open(path, "a").write("hup\\n"))
-print("ready", flush=True)
-for _ in range(600):
-    time.sleep(0.1)
-"""
 
 
 def _environment(tmp_path: Path, server: FakeApiServer, names: list[str], **extra: str) -> dict[str, str]:
@@ -92,11 +83,9 @@ def test_without_send_signal_a_change_sends_sighup(
     tmp_path: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
     name = f"fake-plugin-{os.getpid()}"
-    script = tmp_path / name
-    script.write_text(_SIGNAL_TARGET)
     marker = tmp_path / "signals"
-    plugin = _start(processes, [sys.executable, str(script), str(marker)], dict(os.environ))
-    assert plugin.stdout is not None and plugin.stdout.readline().strip() == "ready"
+    plugin = start_recorder(tmp_path / name, marker)  # named as the plugin is: by its script
+    processes.append(plugin)
     with FakeApiServer({LABEL: "a"}) as server:
         env = _environment(tmp_path, server, ["a", "b"], PROCESS_TO_SIGNAL=name)  # SEND_SIGNAL, SIGNAL unset
         manager = _start(processes, [COMMAND], env)

@@ -172,6 +172,7 @@ def test_oneshot_command_links_once_and_exits(tmp_path: Path) -> None:
             "CONFIG_FILE_SRCDIR": str(srcdir),
             "CONFIG_FILE_DST": str(dst),
             "ONESHOT": "true",
+            "SEND_SIGNAL": "false",  # its default is true: never signal the machine's plugin processes
         }
         command = [str(Path(sys.executable).parent / "config-manager")]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)

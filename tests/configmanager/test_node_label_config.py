@@ -17,6 +17,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.waiting import scaled
 
 SHARED_2 = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n"
@@ -57,10 +58,10 @@ def test_the_label_chooses_the_config_and_a_label_change_reloads_live(
         try:
             assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=30)
             server.set_label("default")
-            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=15)
+            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=scaled(15))
             server.set_label(None)  # unlabelled: NVIDIA's fallback `named` takes the key "default"
             server.set_label("shared")
-            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=15)
+            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=scaled(15))
         finally:
             err = _stop(process)
     assert process.returncode == 0, err

@@ -44,6 +44,7 @@ def following(tmp_path: Path) -> Iterator[Start]:
             (srcdir / name).write_text("version: v1\n")
         dst = tmp_path / "config.yaml"
         env = {"NODE_NAME": NODE, "CONFIG_FILE_SRCDIR": str(srcdir), "CONFIG_FILE_DST": str(dst)}
+        env["SEND_SIGNAL"] = "false"  # its default is true: never signal the machine's plugin processes
         manager = ConfigManager(parse_settings([], env), api_client_for(server.url))
         stop = threading.Event()
         thread = threading.Thread(target=manager.run, args=(stop,), name="config-manager")
@@ -109,6 +110,7 @@ def test_the_config_manager_sidecar_does_not_hammer_an_api_server_that_expires_e
             "NODE_NAME": NODE,
             "CONFIG_FILE_SRCDIR": str(srcdir),
             "CONFIG_FILE_DST": str(tmp_path / "config.yaml"),
+            "SEND_SIGNAL": "false",  # its default is true: never signal the machine's plugin processes
         }
         command = [str(Path(sys.executable).parent / "config-manager")]
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)

@@ -19,7 +19,9 @@ from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator, start_daemon
+from support.waiting import scaled
 
 
 def test_advertises_every_gpu_with_numa(daemon: Daemon, kubelet: KubeletStandIn) -> None:
@@ -53,7 +55,7 @@ def test_allocate_rejects_unknown_ids_and_keeps_serving(daemon: Daemon, kubelet:
 def test_xid_marks_device_unhealthy_and_allocate_refuses_it(daemon: Daemon, kubelet: KubeletStandIn) -> None:
     uuid = gpu_uuids(daemon)[3]
     simulator(daemon).inject_xid(3, 79)
-    assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=5)
+    assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=scaled(5))
     with pytest.raises(grpc.RpcError) as err:
         kubelet.allocate(GPU, [[uuid]])
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -94,8 +96,8 @@ def test_reload_applies_new_replicas_without_restart(plugin_dir: Path, kubelet: 
         )
         configs.append(Config(sharing=shared))
         assert daemon.reload("test")
-        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 32, timeout=5)
-        assert all("::" in d for d in kubelet.devices(GPU))
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 32, timeout=scaled(5))
+        assert_all(kubelet.devices(GPU), lambda d: "::" in d)
     finally:
         daemon.stop()
 
@@ -162,8 +164,8 @@ def test_health_recovery_config_is_used(plugin_dir: Path, kubelet: KubeletStandI
         assert kubelet.wait_for_resources([GPU])
         uuid = gpu_uuids(daemon)[0]
         simulator(daemon).inject_xid(0, 48)
-        assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=5)
-        assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Healthy", timeout=10)
+        assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Unhealthy", timeout=scaled(5))
+        assert kubelet.wait_for(lambda: kubelet.devices(GPU)[uuid].health == "Healthy", timeout=scaled(10))
     finally:
         daemon.stop()
 
@@ -279,12 +281,12 @@ def test_configmap_swap_reloads_live_and_bad_edits_keep_last_good(
     try:
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16)
         configmap_dir(mount, shared % 5, 2)
-        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 40, timeout=5)
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 40, timeout=scaled(5))
         configmap_dir(mount, shared % 0, 3)  # invalid: replicas must be >= 1
-        assert kubelet.wait_for(lambda: reloads(daemon, "rejected") == 1, timeout=5)
+        assert kubelet.wait_for(lambda: reloads(daemon, "rejected") == 1, timeout=scaled(5))
         assert len(kubelet.devices(GPU)) == 40
         configmap_dir(mount, "version: v1\n", 4)  # back to whole GPUs
-        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=5)
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=scaled(5))
     finally:
         daemon.stop()
 

@@ -36,6 +36,7 @@ from nvidia_device_plugin.telemetry import probes
 from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, SnapshotView
 from nvidia_device_plugin.telemetry.probes import ProbeServer
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -167,7 +168,7 @@ def value(families: Families, sample_name: str, **labels: str) -> float:
 def series(families: Families, sample_name: str, *label_names: str) -> dict[tuple[str, ...], float]:
     """Every sample of one name, keyed by the values of `label_names` (which must name all its labels)."""
     found = samples(families, sample_name)
-    assert all(len(s.labels) == len(label_names) for s in found), found
+    assert_all(found, lambda s: len(s.labels) == len(label_names), found)
     return {tuple(s.labels[name] for name in label_names): s.value for s in found}
 
 

@@ -21,6 +21,8 @@ from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.telemetry import probes
 from nvidia_device_plugin.telemetry.probes import Check, ProbeServer, RenderMetrics, parse_address
 
+from support.checks import assert_all
+
 # A bound on how long a client waits for anything, so a server that hangs fails the test instead of
 # hanging it; every expected answer comes far sooner.
 HANG_GUARD_S = 5.0
@@ -200,7 +202,7 @@ def test_scrapes_that_hang_never_fail_the_probes() -> None:
             answers_ = [read_to_end(sock) for sock in scrapers]
             for sock in scrapers:
                 sock.close()
-        assert all(a.startswith(b"HTTP/1.0 200 ") for a in answers_), [a[:20] for a in answers_]
+        assert_all(answers_, lambda a: a.startswith(b"HTTP/1.0 200 "), [a[:20] for a in answers_])
 
 
 def test_slow_header_senders_never_fail_the_probes() -> None:

@@ -16,7 +16,9 @@ from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
+from support.waiting import scaled
 
 
 def time_sliced(replicas: int) -> Config:
@@ -56,7 +58,7 @@ def test_a_reload_rejected_for_an_nvml_failure_is_retried_and_lands(
         configs.append(time_sliced(3))
         assert not daemon.reload("test")
         assert len(kubelet.devices(GPU)) == 8  # still the last good config
-        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 24, timeout=10)
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 24, timeout=scaled(10))
     finally:
         daemon.stop()
 
@@ -84,17 +86,17 @@ def test_reload_retries_back_off_doubling_to_the_cap_and_start_again_from_the_fi
         simulator(daemon).fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=4)
         configs.append(time_sliced(2))
         assert not daemon.reload("test")  # and three retries fail after it; the fourth lands
-        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=10)
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=scaled(10))
         assert retry_delays(caplog) == ["0.01s", "0.02s", "0.04s", "0.04s"]
         rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
         assert len(rejected) == 4
-        assert all("still serving the previous config" in line for line in rejected)
+        assert_all(rejected, lambda line: "still serving the previous config" in line)
 
         # A reload that lands resets the backoff: the next NVML failure is retried after the first delay.
         simulator(daemon).fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=1)
         configs.append(time_sliced(3))
         assert not daemon.reload("again")
-        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 24, timeout=10)
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 24, timeout=scaled(10))
         assert retry_delays(caplog)[4:] == ["0.01s"]
     finally:
         daemon.stop()

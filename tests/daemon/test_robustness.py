@@ -29,8 +29,10 @@ from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.plans.resources import physical_uuid_of
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.markers import soak
+from support.waiting import scaled
 
 STATUS = grpc.StatusCode
 
@@ -77,11 +79,13 @@ def test_kubelet_restarts_reregister_every_time_without_leaking(
 
     for n in range(restarts):
         kubelet.restart()
-        assert kubelet.wait_for_resources([GPU], timeout=10), f"not registered again after restart {n + 1}"
+        assert kubelet.wait_for_resources([GPU], timeout=scaled(10)), (
+            f"not registered again after restart {n + 1}"
+        )
     assert visible_devices(kubelet, [uuid]) == uuid
     assert kubelet.wait_for(daemon.manager.all_registered)
     # The stand-in's ListAndWatch threads of the previous kubelet end as their streams close.
-    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=10), (
+    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=scaled(10)), (
         f"threads grew from {threads_before} to {threading.active_count()} over {restarts} restarts"
     )
     assert open_fds() <= fds_before + 8, f"descriptors grew from {fds_before} to {open_fds()}"
@@ -150,7 +154,7 @@ def test_concurrent_allocate_during_config_reloads(
         finally:
             stop.set()
             for thread in threads:
-                thread.join(timeout=10)
+                thread.join(timeout=scaled(10))
         assert not [t.name for t in threads if t.is_alive()], "an Allocate call hung"
         assert not failures, failures[:5]
         assert outcomes["ok"] > 0 and outcomes["vanished"] > 0, outcomes
@@ -198,9 +202,9 @@ def test_xid_storm_leaves_other_gpus_allocatable(daemon: Daemon, kubelet: Kubele
     finally:
         stop.set()
         for thread in threads:
-            thread.join(timeout=10)
+            thread.join(timeout=scaled(10))
     assert not failures, failures[:5]
-    assert all(successes[i] > 0 for i in healthy), successes
+    assert_all(healthy, lambda i: successes[i] > 0, successes)
     for i in stormed:
         assert health(kubelet, uuids[i]) == "Unhealthy"
         err = rpc_error(functools.partial(kubelet.allocate, GPU, [[uuids[i]]]))
@@ -222,10 +226,10 @@ def test_failing_event_wait_is_retried_and_health_checks_go_on(
     sim.fail_next("nvmlEventSetWait_v2", pynvml.NVML_ERROR_UNKNOWN, 2)
     # The wait already in progress returns this XID; the next two waits fail.
     sim.inject_xid(1, 79)
-    assert kubelet.wait_for(lambda: health(kubelet, uuids[1]) == "Unhealthy", timeout=15)
+    assert kubelet.wait_for(lambda: health(kubelet, uuids[1]) == "Unhealthy", timeout=scaled(15))
     sim.inject_xid(2, 79)  # lands while the wait is failing or backing off; must still be seen
     assert visible_devices(kubelet, [uuids[0]]) == uuids[0]
-    assert kubelet.wait_for(lambda: health(kubelet, uuids[2]) == "Unhealthy", timeout=15)
+    assert kubelet.wait_for(lambda: health(kubelet, uuids[2]) == "Unhealthy", timeout=scaled(15))
     assert [health(kubelet, u) for u in uuids].count("Unhealthy") == 2
     assert "waiting for NVML events failed" in caplog.text
     assert visible_devices(kubelet, [uuids[0]]) == uuids[0]
@@ -237,7 +241,7 @@ def test_lost_gpu_goes_unhealthy_and_the_rest_keep_serving(daemon: Daemon, kubel
     # The GPU falls off the bus: NVML answers GPU_IS_LOST for it, and the event wait reports it too.
     sim.set_lost(2, True)
     sim.fail_next("nvmlEventSetWait_v2", pynvml.NVML_ERROR_GPU_IS_LOST, 1)
-    assert kubelet.wait_for(lambda: health(kubelet, uuids[2]) == "Unhealthy", timeout=15)
+    assert kubelet.wait_for(lambda: health(kubelet, uuids[2]) == "Unhealthy", timeout=scaled(15))
     assert [health(kubelet, u) for u in uuids].count("Unhealthy") == 1
     err = rpc_error(lambda: kubelet.allocate(GPU, [[uuids[2]]]))
     assert err.code() == STATUS.INVALID_ARGUMENT
@@ -249,7 +253,7 @@ def test_lost_gpu_goes_unhealthy_and_the_rest_keep_serving(daemon: Daemon, kubel
     assert visible_devices(kubelet, [uuids[5]]) == uuids[5]
     # Health checking is still alive after all that.
     sim.inject_xid(6, 79)
-    assert kubelet.wait_for(lambda: health(kubelet, uuids[6]) == "Unhealthy", timeout=15)
+    assert kubelet.wait_for(lambda: health(kubelet, uuids[6]) == "Unhealthy", timeout=scaled(15))
 
 
 def test_discovery_failing_during_reload_keeps_the_last_good_config(

@@ -19,7 +19,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.markers import soak
-from support.waiting import eventually
+from support.waiting import eventually, scaled
 
 MIG = ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"]
 MIXED = Config(flags=Flags(mig_strategy="mixed"))
@@ -61,7 +61,7 @@ def test_reloads_removing_and_re_adding_mig_resources_leave_none_disconnected(
                 assert daemon.reload(f"MIG resources removed ({n})")
                 configs.append(MIXED)
                 assert daemon.reload(f"MIG resources back ({n})")
-                assert kubelet.wait_for(lambda: all_served(kubelet, names), timeout=10), (
+                assert kubelet.wait_for(lambda: all_served(kubelet, names), timeout=scaled(10)), (
                     f"after reload cycle {n + 1}: {status(kubelet, names)}"
                 )
             for name in MIG:

@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from support.waiting import scaled
+
 # Kinds the stand-in serves: (group, version) -> [(resource, kind, namespaced)].
 API_RESOURCES: dict[tuple[str, str], list[tuple[str, str, bool]]] = {
     ("", "v1"): [
@@ -170,7 +172,7 @@ def _stand_in_api(kube_version: str) -> Iterator[_Server]:
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(timeout=10)
+        thread.join(timeout=scaled(10))
 
 
 def _kubeconfig(url: str, namespace: str) -> str:

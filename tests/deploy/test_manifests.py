@@ -23,6 +23,8 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
+from support.checks import assert_all
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 OVERLAYS = MANIFESTS / "overlays"
@@ -259,9 +261,9 @@ def test_base_has_no_rbac_and_no_service_account_token() -> None:
     pod = _pod()
     assert pod["serviceAccountName"] in _by_kind("ServiceAccount")
     assert pod["automountServiceAccountToken"] is False
-    assert all(
-        doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvidia-device-plugin"
-        for doc in _documents()
+    assert_all(
+        _documents(),
+        lambda doc: doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "nvidia-device-plugin",
     )
 
 

@@ -16,6 +16,8 @@ from nvidia_device_plugin.dra.dryrun import DryRun, dry_run
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.snapshot import build_snapshot
 
+from support.checks import assert_all
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "dra.md"
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _SCALE = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -156,5 +158,5 @@ def test_the_docs_selectors_mean_what_their_comments_say() -> None:
         selected(hopper, _devices(plan("dgx-h100", "")))
         and selected(hopper, _devices(plan("dgx-a100", ""))) == []
     )
-    assert all("-mig-" in n for n in selected(a100_mig, _devices(plan("a100-mig-mixed", ""))))
+    assert_all(selected(a100_mig, _devices(plan("a100-mig-mixed", ""))), lambda n: "-mig-" in n)
     assert selected(numa0, _devices(plan("dgx-a100", ""))) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]

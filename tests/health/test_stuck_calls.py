@@ -24,6 +24,7 @@ from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids
 from support.waiting import wait_for
 
@@ -135,7 +136,7 @@ def test_a_call_hung_from_the_start_by_the_node_file_still_lets_the_daemon_serve
         uuids = gpu_uuids(daemon)
         assert len(kubelet.devices(GPU)) == 8
         assert kubelet.wait_for(lambda: _health(kubelet, uuids[3]) == "Unhealthy")
-        assert all(_health(kubelet, u) == "Healthy" for i, u in enumerate(uuids) if i != 3)
+        assert_all([u for i, u in enumerate(uuids) if i != 3], lambda u: _health(kubelet, u) == "Healthy")
         assert daemon.snapshot is not None
         problems = [p.message for p in daemon.snapshot.inventory.problems if p.gpu_index == 3]
         assert any("nvmlDeviceGetMemoryInfo" in m and "stuck" in m for m in problems), problems

@@ -13,6 +13,8 @@ from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 
+from support.checks import assert_all
+
 
 def test_the_real_host_is_the_root_filesystem() -> None:
     assert (REAL_HOST.sysfs_root, REAL_HOST.proc_root, REAL_HOST.dev_root) == (
@@ -53,7 +55,7 @@ def test_pass_device_specs_allocates_a_mig_device_on_the_simulated_host() -> Non
             f"/dev/nvidia-caps/nvidia-cap{gi_cap}",
             f"/dev/nvidia-caps/nvidia-cap{gi_cap + 1 + ci}",
         ]
-        assert all(d.host_path == d.container_path and d.permissions == "rw" for d in container.devices)
+        assert_all(container.devices, lambda d: d.host_path == d.container_path and d.permissions == "rw")
         for path in paths:  # every node handed out exists in the simulated /dev
             assert (host.dev_root / path.lstrip("/")).is_file(), path
         minors = (host.proc_root / "driver/nvidia-caps/mig-minors").read_text().splitlines()

@@ -20,6 +20,8 @@ from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.node import load_node, preset_names
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml, simulated_functions
 
+from support.checks import assert_all
+
 PACKAGE = Path(nvidia_device_plugin.__file__).parent
 
 
@@ -177,7 +179,7 @@ def test_discovery_of_dgx_a100() -> None:
     assert [g.numa_node for g in inventory.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert not gpu.mig_enabled
     assert len(inventory.links) == 28
-    assert all(link.nvlinks == 12 for link in inventory.links)  # every pair through NVSwitch
+    assert_all(inventory.links, lambda link: link.nvlinks == 12)  # every pair through NVSwitch
     pair01, pair04 = inventory.link(0, 1), inventory.link(4, 0)
     assert pair01 is not None and pair01.pcie == PcieLevel.SINGLE
     assert pair04 is not None and pair04.pcie == PcieLevel.SYSTEM

@@ -28,6 +28,7 @@ from nvidia_device_plugin.plans.mig_layout import mig_layout_violations
 from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, status_path, write_status
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, start_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,7 +221,7 @@ def test_every_metric_is_documented_in_a_table_row(daemon: Daemon) -> None:
             rows.append(line)
         assert not (line.startswith("| `nvidia_device_plugin_") and not in_table), f"stray row: {line}"
     documented = {re.match(r"\| `(nvidia_device_plugin_\w+)`", row).group(1) for row in rows}  # type: ignore[union-attr]
-    assert all(row.count(" | ") == 3 for row in rows)  # metric, type, labels, meaning
+    assert_all(rows, lambda row: row.count(" | ") == 3)  # metric, type, labels, meaning
     body, _ = daemon.metrics.render("text/plain")
     exported = set()
     for match in re.finditer(r"^# TYPE (\S+) (\S+)$", body.decode(), re.MULTILINE):

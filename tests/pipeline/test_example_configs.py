@@ -14,6 +14,8 @@ from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
 from nvidia_device_plugin.snapshot import build_snapshot
 
+from support.checks import assert_all
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -78,7 +80,7 @@ def test_single_strategy_on_a_mixed_layout_serves_what_is_valid() -> None:
 
 def test_mig_ids_are_mig_uuids_and_replicas_map_back() -> None:
     single = plan("mig-single.yaml", "a100-mig-single")["nvidia.com/gpu"]
-    assert all(d.id.startswith("MIG-") and d.kind == "mig" for d in single.devices)
+    assert_all(single.devices, lambda d: d.id.startswith("MIG-") and d.kind == "mig")
     shared = plan("time-slicing.yaml", "dgx-a100")["nvidia.com/gpu"]
     assert [physical_uuid_of(d.id) for d in shared.devices[:4]] == [shared.devices[0].gpu_uuid] * 4
     assert {d.numa_node for d in shared.devices} == {0, 1}

@@ -15,6 +15,7 @@ from nvidia_device_plugin.plans.mig_layout import mig_layout_violations
 from nvidia_device_plugin.plans.resource_plans import build_resources
 from nvidia_device_plugin.plans.resources import physical_uuid_of
 
+from support.checks import assert_all
 from support.inventories import (
     A100,
     GPU,
@@ -166,7 +167,10 @@ def test_any_inventory_and_config_advertise_cleanly_or_fail_clearly(
     left_out = {v.gpu_index for v in mig_layout_violations(inventory.gpus, cfg.flags.mig_strategy)}
     served = replace(inventory, gpus=tuple(g for g in inventory.gpus if g.index not in left_out))
     assert set(ids_per_physical) == _expected_physical(served, cfg.flags.mig_strategy)
-    assert all(len(names) == 1 for names in plans_per_physical.values())
+    if not ids_per_physical:  # nothing to serve (as expected, just above): explicit, not vacuous
+        assert plans_per_physical == {}
+    else:
+        assert_all(plans_per_physical.values(), lambda names: len(names) == 1)
     replicas = {p.name: p.replicas for p in plans}
     for uuid, n in ids_per_physical.items():
         (name,) = plans_per_physical[uuid]

@@ -18,6 +18,8 @@ from nvidia_device_plugin.plugin.server import DeviceState, ResourceServer
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 from nvidia_device_plugin.standins.kubelet_devices import AdmissionError
 
+from support.waiting import scaled
+
 RESOURCE = "example.com/dev"
 
 
@@ -138,7 +140,7 @@ def test_capacity_follows_node_status_ticks_and_an_expired_resource_goes_at_one(
         server.stop()
         assert kubelet.wait_for(lambda: kubelet.node_status(RESOURCE)[1] == 0)
         assert kubelet.node_status(RESOURCE)[0] == 4  # all Unhealthy, until the grace period ends
-        assert kubelet.wait_for(lambda: RESOURCE not in kubelet.resources(), timeout=5)
+        assert kubelet.wait_for(lambda: RESOURCE not in kubelet.resources(), timeout=scaled(5))
         assert kubelet.devices(RESOURCE) == {}
 
 

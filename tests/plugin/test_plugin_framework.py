@@ -16,6 +16,8 @@ from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.waiting import scaled
+
 
 class FakeBackend:
     def __init__(self, ids: Sequence[str], numa: int | None = 0) -> None:
@@ -143,11 +145,11 @@ def test_kubelet_restarts_twenty_times_without_leaks(kubelet: KubeletStandIn, ma
     fds_before = len(os.listdir("/proc/self/fd"))
     for _ in range(20):
         kubelet.restart()
-        assert kubelet.wait_for_resources(["example.com/a", "example.com/b"], timeout=5)
+        assert kubelet.wait_for_resources(["example.com/a", "example.com/b"], timeout=scaled(5))
         assert kubelet.allocate("example.com/a", [["a0"]]).container_responses[0].envs["DEVICES"] == "a0"
     assert kubelet.wait_for(manager.all_registered)
     # Allow the short-lived stream threads of the last restart to wind down; growth would be per restart.
-    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=5)
+    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=scaled(5))
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 8
 
 
@@ -175,4 +177,4 @@ def test_stop_removes_sockets_and_threads(plugin_dir: Path, kubelet: KubeletStan
         # The stand-in's own threads (kubelet-*) are not the plugin's to clean up.
         return {t.name for t in threading.enumerate() if not t.name.startswith("kubelet-")} - baseline
 
-    assert kubelet.wait_for(lambda: not ours_left(), timeout=5), ours_left()
+    assert kubelet.wait_for(lambda: not ours_left(), timeout=scaled(5)), ours_left()

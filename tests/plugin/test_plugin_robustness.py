@@ -26,7 +26,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.markers import soak
-from support.waiting import eventually
+from support.waiting import eventually, scaled
 
 RESOURCE = "example.com/dev"
 SOCKET = "fake-0.sock"
@@ -139,7 +139,9 @@ def test_register_timing_out_does_not_pile_up_streams(plugin_dir: Path, channel:
             assert not manager.all_registered()
             assert "DEADLINE_EXCEEDED" in (manager.health() or "")
             # Superseded endpoints drop out of the list as their streams end; a pile-up would keep them.
-            assert kubelet.wait_for(lambda: len(kubelet.superseded) <= 2, timeout=10), len(kubelet.superseded)
+            assert kubelet.wait_for(lambda: len(kubelet.superseded) <= 2, timeout=scaled(10)), len(
+                kubelet.superseded
+            )
         finally:
             manager.stop()
 

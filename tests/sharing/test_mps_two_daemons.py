@@ -27,6 +27,7 @@ from nvidia_device_plugin.sharing import mps_daemon
 from nvidia_device_plugin.sharing.readiness import read_status, status_path
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.daemon_support import GPU, start_daemon
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon
 from support.waiting import wait_for
@@ -111,7 +112,7 @@ def test_a_missing_control_binary_leaves_replicas_unhealthy_and_allocate_refused
             raise AssertionError("allocated a replica whose MPS control daemon is not ready")
 
         assert kubelet.wait_for(refused_naming_the_binary)
-        assert all(r.code() == grpc.StatusCode.INVALID_ARGUMENT for r in refusals)
+        assert_all(refusals, lambda r: r.code() == grpc.StatusCode.INVALID_ARGUMENT)
         assert f"MPS control daemon of GPU 0 ({gpus[0]}) is not ready" in str(refusals[-1].details())
     finally:
         plugin.stop()
@@ -189,7 +190,7 @@ def test_a_control_daemon_restart_adopts_the_running_daemons(
     try:
         assert kubelet.wait_for(lambda: _all(kubelet, "Healthy"))
         first.stop()
-        assert all(setup.status_ready(g) for g in gpus)  # clients keep running while it is away
+        assert_all(gpus, lambda g: setup.status_ready(g))  # clients keep running while it is away
         second = setup.control_daemon()
         try:
             wait_for(
