@@ -318,6 +318,8 @@ def test_a_device_s_taints_are_read_from_the_registry_s_verdicts() -> None:
     from datetime import UTC, datetime
 
     from nvidia_device_plugin.devices import Gpu, MigDevice
+    from nvidia_device_plugin.dra.kinds.gpu import GPU as GPU_KIND
+    from nvidia_device_plugin.dra.kinds.mig import MIG as MIG_KIND
     from nvidia_device_plugin.dra.names import DraDevice
     from nvidia_device_plugin.dra.taints import HealthTaints
     from nvidia_device_plugin.health.policy import RECOVERED, xid_cause
@@ -328,7 +330,7 @@ def test_a_device_s_taints_are_read_from_the_registry_s_verdicts() -> None:
     registry = HealthRegistry(wall_clock=lambda: datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
     registry.mark(HealthChange(uuid=mig.uuid, healthy=False, cause=xid_cause(94)))
     taints = HealthTaints(registry.verdicts)
-    whole, part = DraDevice("gpu-0", gpu), DraDevice("gpu-0-mig", gpu, mig)
+    whole, part = DraDevice("gpu-0", gpu, None, GPU_KIND), DraDevice("gpu-0-mig", gpu, mig, MIG_KIND)
     assert taints.taints(whole) == []
     assert [t.to_json() for t in taints.taints(part)] == [
         {
