@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
-from nvidia_device_plugin.dra.options import POLL_INTERVAL_S as POLL_INTERVAL_S
-from nvidia_device_plugin.dra.options import DraOptions as DraOptions
+from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
 from nvidia_device_plugin.dra.podresources import list_pod_devices
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher

@@ -12,12 +12,9 @@ import pynvml
 
 from nvidia_device_plugin.devices import Gpu, GpuLink, PcieLevel
 from nvidia_device_plugin.nvml.api import DeviceHandle, NvmlApi
-from nvidia_device_plugin.nvml.errors import ABSENT, NvmlErrorKind, classify, error_code, nvml_error
+from nvidia_device_plugin.nvml.errors import ABSENT, LOST, NvmlErrorKind, classify, error_code, nvml_error
 from nvidia_device_plugin.nvml.pci import bus_id_text
 from nvidia_device_plugin.nvml.reader import GpuLost, Reader, raise_if_lost
-
-# A pair whose topology read fails so is asked again one GPU at a time, to find which one it is.
-_LOST_OR_STUCK = frozenset({NvmlErrorKind.GPU_LOST, NvmlErrorKind.STUCK})
 
 
 def read_links(
@@ -94,12 +91,12 @@ def _common_ancestor(
     try:
         return _pcie_level(reader.nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
     except pynvml.NVMLError as exc:
-        if classify(exc) in _LOST_OR_STUCK:
+        if classify(exc) in LOST:
             for gpu, handle in ((a, ha), (b, hb)):  # which of the two is lost: ask each on its own
                 try:
                     reader.nv.nvmlDeviceGetTopologyCommonAncestor(handle, handle)
                 except pynvml.NVMLError as inner:
-                    if classify(inner) in _LOST_OR_STUCK and gpu.index not in lost:
+                    if classify(inner) in LOST and gpu.index not in lost:
                         lost.add(gpu.index)
                         stuck = classify(inner) is NvmlErrorKind.STUCK
                         reader.note_lost(gpu.index, gpu.uuid, "nvmlDeviceGetTopologyCommonAncestor", stuck)

@@ -18,7 +18,7 @@ from nvidia_device_plugin.config.v1 import Config, Recovery
 from nvidia_device_plugin.config.v1 import Health as HealthConfig
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.daemons.run import Daemon
-from nvidia_device_plugin.dra.mode import DraOptions
+from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.policy import LOST
 from nvidia_device_plugin.plans.resources import physical_uuid_of
