@@ -12,7 +12,11 @@ standalone nvidia-cdi-hook) with NVIDIA's `NVIDIA_CTK_DEBUG=false`:
    are used only with an older host driver);
 4. update-ldcache --folder <each driver library directory>;
 5. disable-device-node-modification (so NVML and nvidia-smi in the container do not create nodes);
+6. update-application-profile (no arguments: it writes a driver application profile limiting EGL and
+   Vulkan to the container's own /dev/nvidia<N>, which a multi-GPU node otherwise shows them all of);
 
+and the env `NVIDIA_CTK_LIBCUDA_DIR=<the directory of libcuda.so>` (NVIDIA's driver discoverer sets it, so
+an image can put the host's libcuda before a forward-compatibility one) before `NVIDIA_VISIBLE_DEVICES=void`;
 and, per GPU with DRM nodes, create-symlinks for its /dev/dri/by-path links. `cdiDisableHooks` names the
 hooks to leave out, or `all`.
 """
@@ -31,15 +35,23 @@ CREATE_SYMLINKS = "create-symlinks"
 ENABLE_CUDA_COMPAT = "enable-cuda-compat"
 UPDATE_LDCACHE = "update-ldcache"
 DISABLE_DEVICE_NODE_MODIFICATION = "disable-device-node-modification"
+UPDATE_APPLICATION_PROFILE = "update-application-profile"
 # Hooks these specs can carry; cdiDisableHooks names them (or "all"). NVIDIA's toolkit knows a few more,
 # which these specs never carry, so disabling them is accepted and changes nothing.
-GENERATED_HOOKS = (CREATE_SYMLINKS, ENABLE_CUDA_COMPAT, UPDATE_LDCACHE, DISABLE_DEVICE_NODE_MODIFICATION)
-OTHER_KNOWN_HOOKS = ("chmod", "update-application-profile")
+GENERATED_HOOKS = (
+    CREATE_SYMLINKS,
+    ENABLE_CUDA_COMPAT,
+    UPDATE_LDCACHE,
+    DISABLE_DEVICE_NODE_MODIFICATION,
+    UPDATE_APPLICATION_PROFILE,
+)
+OTHER_KNOWN_HOOKS = ("chmod",)
 HOOK_ENV = ("NVIDIA_CTK_DEBUG=false",)
 # cdiFeatureFlags with an effect here; others are accepted with a note.
 FEATURE_PERSISTENCED_SOCKET = "include-persistenced-socket"
 # Tells the legacy nvidia-container-runtime hook not to inject devices a second time.
 VISIBLE_DEVICES_VOID = "NVIDIA_VISIBLE_DEVICES=void"
+LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"
 
 
 def settings_notes(settings: CdiSettings) -> tuple[str, ...]:
@@ -80,7 +92,7 @@ def common_edits(settings: CdiSettings, scan: NodeScan) -> dict[str, Any]:
         mounts.append(Mount(driver.persistenced_socket, driver.persistenced_socket))
     mounts += [Mount(path, path) for path in [*driver.firmware, *driver.binaries]]
     edits: dict[str, Any] = {
-        "env": [VISIBLE_DEVICES_VOID],
+        "env": [*_libcuda_dir_env(driver.libraries), VISIBLE_DEVICES_VOID],
         "deviceNodes": [node_edit(p, settings) for p in scan.control_nodes],
         "mounts": [
             {
@@ -97,11 +109,18 @@ def common_edits(settings: CdiSettings, scan: NodeScan) -> dict[str, Any]:
         _hook(settings, ENABLE_CUDA_COMPAT, f"--host-driver-version={driver.version}"),
         _hook(settings, UPDATE_LDCACHE, *(a for d in driver.library_dirs for a in ("--folder", d))),
         _hook(settings, DISABLE_DEVICE_NODE_MODIFICATION),
+        _hook(settings, UPDATE_APPLICATION_PROFILE),
     ]
     present = [h for h in hooks if h is not None]
     if present:
         edits["hooks"] = present
     return edits
+
+
+def _libcuda_dir_env(libraries: Sequence[str]) -> list[str]:
+    """NVIDIA_CTK_LIBCUDA_DIR=<directory of libcuda.so.<version>>, as the container sees it."""
+    found = [posixpath.dirname(p) for p in libraries if posixpath.basename(p).startswith("libcuda.so.")]
+    return [f"{LIBCUDA_DIR_ENV}={found[0]}"] if found else []
 
 
 def _links(links: Sequence[str]) -> list[str]:

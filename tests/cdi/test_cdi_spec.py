@@ -73,7 +73,8 @@ def test_whole_gpus_by_uuid_with_their_drm_nodes_and_no_all_device(sessions: lis
             "--link", f"../{render}::/dev/dri/by-path/pci-{bus}-render",
         ]  # fmt: skip
     edits = spec.document["containerEdits"]
-    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    # NVIDIA's driver discoverer names libcuda.so's directory (NVIDIA_CTK_LIBCUDA_DIR) before void.
+    assert edits["env"] == [f"NVIDIA_CTK_LIBCUDA_DIR={LIB}", "NVIDIA_VISIBLE_DEVICES=void"]
     # The simulator has no nvidia-modeset: only nodes that exist are named.
     assert [n["path"] for n in edits["deviceNodes"]] == [
         "/dev/nvidiactl",
@@ -124,11 +125,13 @@ def test_hooks_are_nvidias_in_its_order_and_the_library_links_follow_its_rule(
         "enable-cuda-compat",
         "update-ldcache",
         "disable-device-node-modification",
+        "update-application-profile",  # EGL/Vulkan limited to the container's own GPUs
     ]
     assert_all(hooks, lambda h: h["hookName"] == "createContainer" and h["env"] == ["NVIDIA_CTK_DEBUG=false"])
     assert hooks[2]["args"][3:] == [f"--host-driver-version={version}"]
     assert hooks[3]["args"][3:] == ["--folder", LIB, "--folder", f"{LIB}/vdpau"]
     assert hooks[4]["args"][3:] == []
+    assert hooks[5]["args"][3:] == []  # NVIDIA's: no arguments (the hook reads the container's /dev)
     links = [a for h in hooks[:2] for a in h["args"][4::2]]
     v = version
     # NVIDIA's rule on this driver root: the fixed libcuda.so / libGLX_indirect.so.0 /
@@ -246,10 +249,12 @@ def test_host_paths_follow_the_driver_and_dev_roots_and_the_hook_path(sessions: 
     ]
     assert_all(edits["mounts"], lambda m: m["hostPath"].startswith("/run/nvidia/driver/"))
     assert {h["path"] for h in edits["hooks"]} == {"/usr/local/nvidia/toolkit/nvidia-cdi-hook"}
-    assert [h["args"][:2] for h in edits["hooks"]][-1] == [
-        "nvidia-cdi-hook",
-        "disable-device-node-modification",
+    assert [h["args"][:2] for h in edits["hooks"]][-2:] == [
+        ["nvidia-cdi-hook", "disable-device-node-modification"],
+        ["nvidia-cdi-hook", "update-application-profile"],
     ]
+    # The libcuda directory is where the container sees it, not the host path under the driver root.
+    assert edits["env"][0] == f"NVIDIA_CTK_LIBCUDA_DIR={LIB}"
 
 
 def test_the_gpu_operator_hook_path_runs_nvidia_ctk_hook(sessions: list[NvmlSession]) -> None:
@@ -263,7 +268,13 @@ def test_the_gpu_operator_hook_path_runs_nvidia_ctk_hook(sessions: list[NvmlSess
 def test_disabled_hooks_and_feature_flags(sessions: list[NvmlSession]) -> None:
     disabled = ("update-ldcache", "enable-cuda-compat", "disable-device-node-modification")
     one = gpu_spec(snapshot_of(sessions, "t4-single", cdi_config(cdi_disable_hooks=disabled)))
-    assert [h["args"][2] for h in one.document["containerEdits"]["hooks"]] == ["create-symlinks"] * 2
+    assert [h["args"][2] for h in one.document["containerEdits"]["hooks"]] == [
+        *["create-symlinks"] * 2,
+        "update-application-profile",
+    ]
+    profile = ("update-application-profile",)
+    without = gpu_spec(snapshot_of(sessions, "t4-single", cdi_config(cdi_disable_hooks=disabled + profile)))
+    assert [h["args"][2] for h in without.document["containerEdits"]["hooks"]] == ["create-symlinks"] * 2
     snapshot = snapshot_of(
         sessions,
         "t4-single",
@@ -329,7 +340,7 @@ def test_plan_shows_the_specs_as_json_as_a_summary_and_alone() -> None:
     assert spec["devices"] == [f"{CDI_VENDOR}/gpu={d['id']}" for d in document["resources"][0]["devices"]]
     assert_valid_spec(spec["spec"])
     assert (
-        "k8s.device-plugin.nvidia.com-gpu.json: 1 devices, 44 driver files mounted, 5 hooks" in _plan_output()
+        "k8s.device-plugin.nvidia.com-gpu.json: 1 devices, 44 driver files mounted, 6 hooks" in _plan_output()
     )
     alone = json.loads(_plan_output("--cdi-spec"))
     assert alone == {spec["file"]: spec["spec"]}

@@ -61,7 +61,8 @@ def test_a_whole_gpu_claim_gets_its_cdi_id_and_a_spec_with_its_device_node(
     node = f"/dev/nvidia{minor_of(dra, 'gpu-3')}"
     assert device["containerEdits"]["deviceNodes"][0] == {"path": node, "hostPath": node}
     common = spec["containerEdits"]
-    assert common["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    lib = "/usr/lib/x86_64-linux-gnu"
+    assert common["env"] == [f"NVIDIA_CTK_LIBCUDA_DIR={lib}", "NVIDIA_VISIBLE_DEVICES=void"]  # the cdi/ edits
     assert "/dev/nvidiactl" in [n["path"] for n in common["deviceNodes"]]
     version = dra.node.inventory.driver_version
     assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{version}" in {m["containerPath"] for m in common["mounts"]}
