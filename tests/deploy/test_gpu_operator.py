@@ -25,9 +25,13 @@ from typing import Any
 import pytest
 import yaml
 from gpu_operator import (
+    CURRENT,
     INIT,
+    OLDER,
     PLUGIN,
+    RELEASES,
     SIDECAR,
+    OperatorRelease,
     cluster_policy_in,
     container,
     entrypoint_script,
@@ -36,10 +40,13 @@ from gpu_operator import (
 )
 
 from nvidia_device_plugin import __version__
-from nvidia_device_plugin.cli.main import build_parser
+from nvidia_device_plugin.cli.main import build_parser, with_command
 from nvidia_device_plugin.config.flags import resolve_config
+from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.configmanager.settings import parse_settings
+from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.sharing.readiness import status_path
+from nvidia_device_plugin.snapshot import build_snapshot
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
@@ -130,6 +137,97 @@ def test_without_a_config_the_operator_runs_the_plugin_alone() -> None:
     assert [c["name"] for c in pod["initContainers"]] == ["toolkit-validation"]
 
 
+# ---- the Operator's releases: CDI off (older) and on by default (v25.10.0 on) --------------------------
+
+HOOKS = "/usr/local/nvidia/toolkit"  # the default toolkit.installDir + /toolkit
+
+
+def _plugin_config(spec: dict[str, Any], release: OperatorRelease) -> tuple[dict[str, str], Config]:
+    """The plugin container's env under `release` and the config this plugin resolves from it (the config
+    file left out: its flags would not change what the env sets)."""
+    env = {
+        k: v
+        for k, v in env_of(container(transform(spec, release), PLUGIN), NODE).items()
+        if k != "CONFIG_FILE"
+    }
+    return env, resolve_config(build_parser(env).parse_args(["run"]), env)
+
+
+def test_the_current_operator_turns_cdi_on_and_names_the_standalone_hook() -> None:
+    env, config = _plugin_config(_policy(), CURRENT)
+    assert {k: env[k] for k in ("CDI_ENABLED", "DEVICE_LIST_STRATEGY", "CDI_ANNOTATION_PREFIX")} == {
+        "CDI_ENABLED": "true",
+        "DEVICE_LIST_STRATEGY": "cdi-annotations,cdi-cri",
+        "CDI_ANNOTATION_PREFIX": "cdi.k8s.io/",
+    }
+    assert env["NVIDIA_CDI_HOOK_PATH"] == f"{HOOKS}/nvidia-cdi-hook" and "NVIDIA_CTK_PATH" not in env
+    plugin = config.flags.plugin
+    assert plugin.device_list_strategy == ("cdi-annotations", "cdi-cri")
+    assert plugin.cdi_annotation_prefix == "cdi.k8s.io/"
+    assert plugin.nvidia_ctk_path == f"{HOOKS}/nvidia-cdi-hook"
+
+
+def test_the_older_operator_serves_envvar_unless_cdi_is_enabled_and_then_names_nvidia_ctk() -> None:
+    env, config = _plugin_config(_policy(), OLDER)
+    assert env["DEVICE_LIST_STRATEGY"] == "envvar" and "CDI_ENABLED" not in env
+    spec = {**_policy(), "cdi": {"enabled": True}, "toolkit": {"installDir": "/opt/nvidia"}}
+    env, config = _plugin_config(spec, OLDER)
+    assert env["DEVICE_LIST_STRATEGY"] == "envvar,cdi-annotations"
+    assert env["CDI_ANNOTATION_PREFIX"] == "nvidia.cdi.k8s.io/"
+    assert env["NVIDIA_CTK_PATH"] == "/opt/nvidia/toolkit/nvidia-ctk" and "NVIDIA_CDI_HOOK_PATH" not in env
+    assert config.flags.plugin.nvidia_ctk_path == "/opt/nvidia/toolkit/nvidia-ctk"
+    assert config.flags.plugin.device_list_strategy == ("envvar", "cdi-annotations")
+
+
+def test_without_the_operators_toolkit_no_hook_path_is_set() -> None:
+    env, _ = _plugin_config({**_policy(), "toolkit": {"enabled": False}}, CURRENT)
+    assert "NVIDIA_CDI_HOOK_PATH" not in env and env["CDI_ENABLED"] == "true"
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[r.name for r in RELEASES])
+def test_a_users_env_wins_only_in_the_current_operator(release: OperatorRelease) -> None:
+    spec = {**_policy(), "cdi": {"enabled": True}}
+    spec["devicePlugin"] = {
+        **spec["devicePlugin"],
+        "env": [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}],
+    }
+    env, _ = _plugin_config(spec, release)
+    assert env["DEVICE_LIST_STRATEGY"] == ("envvar" if release.env_last else release.device_list_strategy)
+
+
+def test_the_operators_args_replace_the_entrypoints_args() -> None:
+    """devicePlugin.args replace the asset's args (`/bin/entrypoint.sh`), and so they are what `/bin/sh -c`
+    runs: a command line for this image's entry point, as for NVIDIA's."""
+    argv = ["nvidia-device-plugin --fail-on-init-error=false"]
+    spec = {**_policy(), "devicePlugin": {**_policy()["devicePlugin"], "args": argv}}
+    for release in RELEASES:
+        plugin = container(transform(spec, release), PLUGIN)
+        assert (plugin["command"], plugin["args"]) == (["/bin/sh", "-c"], argv)
+    parser = build_parser({})
+    args = parser.parse_args(with_command(argv[0].split()[1:], parser))  # bare flags mean `run`
+    assert resolve_config(args, {}).flags.fail_on_init_error is False
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[r.name for r in RELEASES])
+def test_the_cdi_spec_runs_the_hook_the_operator_names(release: OperatorRelease) -> None:
+    """Every hook of the spec is the Operator's file, run the way that file takes hook names."""
+    _, config = _plugin_config({**_policy(), "cdi": {"enabled": True}}, release)
+    session = open_nvml("t4-single")
+    try:
+        snapshot = build_snapshot(session, config)
+    finally:
+        session.close()
+    assert snapshot.cdi is not None and snapshot.cdi.problem is None, snapshot.cdi
+    [spec] = [s.document for s in snapshot.cdi.specs if s.kind.endswith("/gpu")]
+    hooks = [
+        *spec["containerEdits"]["hooks"],
+        *(h for d in spec["devices"] for h in d["containerEdits"]["hooks"]),
+    ]
+    assert {h["path"] for h in hooks} == {f"{HOOKS}/{release.hook_file}"}
+    runs = ["nvidia-ctk", "hook"] if release.hook_file == "nvidia-ctk" else ["nvidia-cdi-hook"]
+    assert all(h["args"][: len(runs)] == runs for h in hooks), [h["args"][:2] for h in hooks]
+
+
 # ---- the processes ------------------------------------------------------------------------------------
 
 
@@ -169,9 +267,9 @@ def pid_namespace() -> Iterator[list[str]]:
     yield pid_namespace_prefix("for the Operator's pod")
 
 
-def _pod_script(root: Path, kubeconfig: Path) -> tuple[str, dict[str, str]]:
+def _pod_script(root: Path, kubeconfig: Path, release: OperatorRelease) -> tuple[str, dict[str, str]]:
     """A shell script standing in for the pod: init container, then sidecar and plugin side by side."""
-    daemonset = transform(_policy())
+    daemonset = transform(_policy(), release)
     plugin = container(daemonset, PLUGIN)
     assert plugin["command"] == ["/bin/sh", "-c"] and plugin["args"] == ["/bin/entrypoint.sh"]
     (root / "run" / "nvidia" / "validations").mkdir(parents=True)
@@ -202,14 +300,30 @@ def _quote(value: str) -> str:
     return value
 
 
+def _assert_served_as_the_release_asks(answer: Any, release: OperatorRelease) -> None:
+    """The Allocate answer under the release's DEVICE_LIST_STRATEGY (its default cdi.enabled)."""
+    if not release.cdi_by_default:
+        assert answer.envs["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")  # DEVICE_LIST_STRATEGY=envvar
+        assert any(d.host_path == "/dev/nvidiactl" for d in answer.devices)  # PASS_DEVICE_SPECS=true
+        return
+    # cdi-annotations,cdi-cri: only CDI names; as NVIDIA's getAllocateResponse, no envvar and no device
+    # specs when every strategy is a CDI one (the spec carries the nodes), PASS_DEVICE_SPECS=true or not.
+    assert "NVIDIA_VISIBLE_DEVICES" not in answer.envs and not answer.devices
+    cri = [d.name for d in answer.cdi_devices]
+    assert len(cri) == 2 and all(n.startswith("k8s.device-plugin.nvidia.com/gpu=GPU-") for n in cri), cri
+    [(key, value)] = answer.annotations.items()
+    assert key.startswith(release.annotation_prefix) and value.split(",") == cri, (key, value)
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[r.name for r in RELEASES])
 def test_the_operators_pod_serves_and_follows_the_node_label(
-    tmp_path: Path, plugin_dir: Path, pid_namespace: list[str]
+    tmp_path: Path, plugin_dir: Path, pid_namespace: list[str], release: OperatorRelease
 ) -> None:
     configs = _available_configs(tmp_path)
     (tmp_path / "run" / "nvidia" / "mps").mkdir(parents=True)
     with FakeApiServer({LABEL: "time-slicing"}) as api, KubeletStandIn(plugin_dir) as kubelet:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
-        script, plugin_env = _pod_script(tmp_path, kubeconfig)
+        script, plugin_env = _pod_script(tmp_path, kubeconfig, release)
         assert plugin_env["CONFIG_FILE"] == f"{tmp_path}/config/config.yaml"
         extra = f"NVDP_SIMULATE=dgx-a100 NVDP_METRICS_ADDRESS=127.0.0.1:0 DEVICE_PLUGIN_PATH={plugin_dir} "
         script = script.replace("PLUGIN_ENV='", f"PLUGIN_ENV='PATH={BIN}:/usr/bin:/bin {extra}")
@@ -225,8 +339,7 @@ def test_the_operators_pod_serves_and_follows_the_node_label(
             devices = kubelet.devices("nvidia.com/gpu")
             assert {d.health for d in devices.values()} == {"Healthy"}
             _, answer = kubelet.admit("nvidia.com/gpu", 2)
-            assert answer.envs["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")  # DEVICE_LIST_STRATEGY=envvar
-            assert any(d.host_path == "/dev/nvidiactl" for d in answer.devices)  # PASS_DEVICE_SPECS=true
+            _assert_served_as_the_release_asks(answer, release)
             api.set_label("default")
             wait_for(
                 lambda: len(kubelet.devices("nvidia.com/gpu")) == 8, "the label's new config (8 GPUs)", 60
