@@ -6,7 +6,9 @@ CDI specs (cdi/) both read these facts, so a device spec and a CDI device name t
 
 * the control nodes /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools and /dev/nvidia-modeset, each
   given only where it exists (not every node has nvidia-modeset);
-* /dev/nvidia<minor> of each GPU;
+* /dev/nvidia<minor> of each GPU; on a WSL2 node (one with /dev/dxg, the DirectX kernel interface through
+  which WSL2 reaches the Windows host's GPUs, and no /dev/nvidia* nodes) /dev/dxg instead, the one node of
+  every GPU, as NVIDIA's plugin gives it (internal/rm wslDevice.GetPaths);
 * for a MIG device, the capability nodes /dev/nvidia-caps/nvidia-cap<N> of its GPU instance and compute
   instance. N comes from discovery (`MigDevice.caps_minors`, read from nvidia-caps/mig-minors) or else
   from the `DeviceFileMinor:` line of <procRoot>/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]
@@ -54,6 +56,19 @@ def present_control_nodes(probe_root: str) -> tuple[str, ...]:
 
 def gpu_device_node(minor: int) -> str:
     return f"/dev/nvidia{minor}"
+
+
+WSL_DEVICE_NODE = "/dev/dxg"
+
+
+def is_wsl(probe_root: str) -> bool:
+    """Whether this is a WSL2 node: /dev/dxg exists (NVIDIA asks for libdxcore.so, there beside it)."""
+    return exists(probe_root, WSL_DEVICE_NODE)
+
+
+def gpu_device_nodes(minor: int, probe_root: str) -> tuple[str, ...]:
+    """The node(s) of the GPU with `minor` a container needs: /dev/nvidia<minor>, or /dev/dxg on WSL2."""
+    return (WSL_DEVICE_NODE,) if is_wsl(probe_root) else (gpu_device_node(minor),)
 
 
 def mig_capability_nodes(mig: MigDevice, gpu_minor: int, proc_root: str) -> tuple[str, str]:

@@ -10,7 +10,8 @@ NVIDIA's hooks, run through `nvidiaCTKPath`. With IMEX channels configured and p
 add one spec each (class `gdrcopy`, `gds`, `mofed`) with the device "all", which Allocate names after the
 GPUs and IMEX channels; where the mode's kernel nodes are absent its spec would be empty, so it is left
 out (with a note) and not named, as NVIDIA drops an empty spec and still serves the GPUs. Each document
-declares the lowest cdiVersion its features need (version.py).
+declares the lowest cdiVersion its features need (version.py). A WSL2 node (/dev/dxg) gets no spec: the
+plan names that as its problem (WSL_PROBLEM).
 """
 
 from __future__ import annotations
@@ -37,9 +38,17 @@ from nvidia_device_plugin.cdi.scan import NodeScan, scan_node
 from nvidia_device_plugin.cdi.version import minimum_version
 from nvidia_device_plugin.config.v1 import Config, any_cdi_enabled
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.devnodes import under
+from nvidia_device_plugin.devnodes import is_wsl, under
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.plans.resources import ResourcePlan
+
+# NVIDIA's toolkit describes a WSL2 node in a spec of its own (one device "all": /dev/dxg, the driver store's
+# files under /usr/lib/wsl); these specs are not made for one, so CDI names are not given there.
+WSL_PROBLEM = (
+    "this is a WSL2 node (/dev/dxg): its GPUs are reached through /dev/dxg and its driver files are under "
+    "/usr/lib/wsl, which this plugin's CDI specs do not describe; use deviceListStrategy envvar or "
+    "volume-mounts (with passDeviceSpecs containers get /dev/dxg)"
+)
 
 
 def plan_cdi(
@@ -57,6 +66,8 @@ def plan_cdi(
     settings = CdiSettings.from_config(config)
     spec_dir = str(host.spec_root / settings.spec_dir.lstrip("/"))
     notes = settings_notes(settings)
+    if is_wsl(str(host.dev_root)):
+        return CdiPlan(spec_dir, problem=WSL_PROBLEM, notes=notes)
     driver_root = host.driver_root if host.driver_root is not None else Path(settings.container_driver_root)
     devices = [d for plan in plans for d in plan.devices]
     channels = config.imex.channel_ids

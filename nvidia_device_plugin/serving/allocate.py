@@ -28,9 +28,9 @@ through these steps, in this order (`_container_response`, as NVIDIA's updateRes
   this value wins, as in NVIDIA.
 * `_update_for_device_specs`: `passDeviceSpecs`: the control nodes /dev/nvidiactl, /dev/nvidia-uvm,
   /dev/nvidia-uvm-tools and /dev/nvidia-modeset, each only when it exists on this node. Then
-  /dev/nvidia<minor> of each GPU, and for a MIG device also the capability nodes of its GPU instance and
-  compute instance (devnodes.py says where their minors come from). Host paths are those paths under
-  `nvidiaDevRoot`, permissions "rw".
+  /dev/nvidia<minor> of each GPU (/dev/dxg on a WSL2 node), and for a MIG device also the capability
+  nodes of its GPU instance and compute instance (devnodes.py says where their minors come from). Host
+  paths are those paths under `nvidiaDevRoot`, permissions "rw".
 * `_update_for_imex`: `imex.channelIDs: [0]`, with channel 0 present on the node: as NVIDIA v0.20 gives it
   to every container under the non-CDI strategies, NVIDIA_IMEX_CHANNELS=0 (`envvar`), a /dev/null mount
   at /var/run/nvidia-container-devices/imex/0 (`volume-mounts`) and the device spec of
@@ -315,7 +315,7 @@ def _device_nodes(request: _Request, dev: AdvertisedDevice) -> list[str]:
             f"{request.where}: passDeviceSpecs needs the minor number of GPU {dev.gpu_uuid}, "
             "which is not in the inventory allocate() was given"
         )
-    nodes = [devnodes.gpu_device_node(gpu.minor)]
+    nodes = list(devnodes.gpu_device_nodes(gpu.minor, request.settings.device_node_probe_root))
     if dev.kind == "mig":
         mig = request.inventory.mig_device(dev.physical_uuid)
         if mig is None:

@@ -288,6 +288,41 @@ def test_v0_20_cdi_flags_reach_the_response(
 
 
 # --------------------------------------------------------------------------------------------------------
+# WSL2 nodes: NVIDIA's wslDevice (internal/rm) gives every GPU the one node /dev/dxg
+
+WSL2_NODE = str(Path(__file__).parent / "data" / "wsl2-rtx.yaml")  # a simulated node file with `wsl: true`
+
+
+def test_a_wsl2_node_gives_each_gpu_dev_dxg_and_no_linux_driver_nodes(
+    tmp_path: Path, serve: Callable[..., Daemon], kubelet: KubeletStandIn
+) -> None:
+    daemon = serve(loader(tmp_path, None, env={"PASS_DEVICE_SPECS": "true"}), node=WSL2_NODE)
+    assert daemon.snapshot is not None
+    [uuid] = [g.uuid for g in daemon.snapshot.inventory.gpus]
+    ids, response = kubelet.admit(GPU, 1)
+    assert ids == [uuid] and response.envs["NVIDIA_VISIBLE_DEVICES"] == uuid
+    # No /dev/nvidia<N> and no control node exist on WSL2: /dev/dxg alone, as NVIDIA's GetPaths gives it.
+    assert [(d.container_path, d.host_path, d.permissions) for d in response.devices] == [
+        ("/dev/dxg", "/dev/dxg", "rw")
+    ]
+
+
+def test_a_wsl2_node_under_a_cdi_strategy_says_why_it_has_no_spec(
+    tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    load = loader(tmp_path, None, env={"DEVICE_LIST_STRATEGY": "cdi-cri"})
+    daemon = Daemon(DaemonOptions(plugin_dir, load, simulated(WSL2_NODE)))
+    daemon.start()
+    try:
+        snapshot = daemon.snapshot
+        assert snapshot is not None and snapshot.cdi is not None
+        assert snapshot.cdi.problem is not None and "WSL2 node (/dev/dxg)" in snapshot.cdi.problem
+        assert snapshot.cdi.specs == ()
+    finally:
+        daemon.stop()
+
+
+# --------------------------------------------------------------------------------------------------------
 # Stray keys, spelling, tegra
 
 

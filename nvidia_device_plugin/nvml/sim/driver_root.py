@@ -86,8 +86,24 @@ def driver_library_name(stem: str, version: str) -> str:
     return f"{stem}.so.{version}"
 
 
-def write_driver_root(root: Path, version: str) -> None:
-    """Lay out the driver root of driver `version` under `root` (an empty or missing directory)."""
+# A WSL2 guest's driver files (the Windows driver's): the loader libraries and nvidia-smi in /usr/lib/wsl/lib,
+# the driver store's copies under /usr/lib/wsl/drivers/<package>/. No libcuda.so.<driver version>.
+WSL_LIBRARY_DIR = "usr/lib/wsl/lib"
+WSL_DRIVER_STORE = "usr/lib/wsl/drivers/nv_dispi.inf_amd64_0123456789abcdef"
+WSL_LIBRARIES = {
+    "libcuda.so.1.1": "libcuda.so.1",
+    "libdxcore.so": "libdxcore.so",
+    "libnvidia-ml.so.1": "libnvidia-ml.so.1",
+    "libnvidia-ptxjitcompiler.so.1": "libnvidia-ptxjitcompiler.so.1",
+}
+
+
+def write_driver_root(root: Path, version: str, wsl: bool = False) -> None:
+    """Lay out the driver root of driver `version` under `root` (an empty or missing directory); on a
+    WSL2 guest (`wsl`), the WSL2 layout instead."""
+    if wsl:
+        _write_wsl_driver_root(root)
+        return
     libs = root / LIBRARY_DIR
     (libs / "vdpau").mkdir(parents=True)
     for stem, soname in DRIVER_LIBRARIES.items():
@@ -147,3 +163,11 @@ def elf_shared_object(soname: str) -> bytes:
         struct.pack("<IIQQQQIIQQ", 18, 3, 0, 0, shstrtab_at, len(shstrtab), 0, 0, 1, 0),  # .shstrtab
     ]
     return header + dynstr + dynamic + shstrtab + b"".join(sections)
+
+
+def _write_wsl_driver_root(root: Path) -> None:
+    for directory in (WSL_LIBRARY_DIR, WSL_DRIVER_STORE):
+        (root / directory).mkdir(parents=True)
+        for name, soname in WSL_LIBRARIES.items():
+            _shared_object(root / directory / name, soname)
+        (root / directory / "nvidia-smi").write_bytes(b"\x7fELF")

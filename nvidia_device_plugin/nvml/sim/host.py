@@ -5,7 +5,8 @@ Discovery reads NUMA nodes from sysfs, and Allocate (passDeviceSpecs) looks for 
 directory, so the same readers run unchanged. Device nodes are plain files: nothing opens them.
 
 The tree also holds a fake driver root (`driver_root`, see driver_root.py) for the CDI spec scan, and
-the nodes nvidia-drm makes, as on a node with the module loaded: each GPU's DRM card and render node
+the nodes nvidia-drm makes, as on a node with the module loaded (a WSL2 node, `wsl: true`, has /dev/dxg and
+none of these nodes): each GPU's DRM card and render node
 (/dev/dri/card<minor + 1>, /dev/dri/renderD<128 + minor>; card0 is the board's own VGA, not an NVIDIA
 device), listed under its PCI device in sysfs (bus/pci/devices/<bus id>/drm/) as the kernel lists them,
 and udev's /dev/dri/by-path/pci-<bus id>-card and -render links to them.
@@ -13,6 +14,7 @@ and udev's /dev/dri/by-path/pci-<bus id>-card and -render links to them.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from nvidia_device_plugin.nvml.host import HostPaths
@@ -61,7 +63,7 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
         driver_root=root / "driver-root",
         spec_root=root / "root",
     )
-    write_driver_root(root / "driver-root", node.driver_version)
+    write_driver_root(root / "driver-root", node.driver_version, wsl=node.wsl)
     dev = host.dev_root / "dev"
     (dev / "nvidia-caps").mkdir(parents=True)
     for name in CONTROL_NODES:
@@ -92,7 +94,16 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
     caps = host.proc_root / "driver" / "nvidia-caps"
     caps.mkdir(parents=True)
     (caps / "mig-minors").write_text("".join(f"{line}\n" for line in minors))
+    if node.wsl:
+        _as_wsl(dev)
     return host
+
+
+def _as_wsl(dev: Path) -> None:
+    """A WSL2 guest's /dev: /dev/dxg, and none of the nodes the Linux driver and nvidia-drm make."""
+    shutil.rmtree(dev)
+    dev.mkdir()
+    (dev / "dxg").touch()
 
 
 def _pci_device_dir(sysfs_root: Path, pci_bus_id: str) -> Path:

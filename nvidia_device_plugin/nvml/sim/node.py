@@ -48,6 +48,7 @@ _BUS_ID = re.compile(r"^[0-9a-fA-F]{8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F
 
 _NODE_KEYS = {
     "name",
+    "wsl",
     "driver_version",
     "cuda_driver_version",
     "nvswitch_links",
@@ -141,6 +142,9 @@ class NodeSpec:
     # A container without CAP_SYS_ADMIN: MIG enumeration and MIG-attributed events answer NO_PERMISSION.
     unprivileged_container: bool = False
     hangs: tuple[HangSpec, ...] = ()  # calls that block from the simulator's start (SimulatorState.hang)
+    # A WSL2 guest: the GPUs are reached through /dev/dxg (no /dev/nvidia* nodes, no nvidia-drm) and the
+    # driver's user-space files are the Windows driver's, under /usr/lib/wsl.
+    wsl: bool = False
 
 
 def preset_names() -> list[str]:
@@ -203,6 +207,7 @@ def parse_node(doc: Any, source: str) -> NodeSpec:
         nvlinks=tuple(nvlinks),
         unprivileged_container=bool(doc.get("unprivileged_container", False)),
         hangs=_parse_hangs(doc.get("hangs") or [], len(gpus), source),
+        wsl=bool(doc.get("wsl", False)),
     )
 
 
