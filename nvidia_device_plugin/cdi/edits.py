@@ -78,7 +78,7 @@ def node_edit(path: str, settings: CdiSettings) -> dict[str, Any]:
 def device_edits(nodes: Sequence[str], links: Sequence[str], settings: CdiSettings) -> dict[str, Any]:
     """One device's edits: its nodes, and the hook recreating its /dev/dri/by-path links."""
     edits: dict[str, Any] = {"deviceNodes": [node_edit(p, settings) for p in nodes]}
-    hooks = [h for h in [_hook(settings, CREATE_SYMLINKS, *_links(links))] if h is not None]
+    hooks = [h for h in [hook(settings, CREATE_SYMLINKS, *_links(links))] if h is not None]
     if hooks:
         edits["hooks"] = hooks
     return edits
@@ -104,12 +104,12 @@ def common_edits(settings: CdiSettings, scan: NodeScan) -> dict[str, Any]:
         ],
     }
     hooks = [
-        _hook(settings, CREATE_SYMLINKS, *_links(driver.graphics.links)),
-        _hook(settings, CREATE_SYMLINKS, *_links(driver.links)),
-        _hook(settings, ENABLE_CUDA_COMPAT, f"--host-driver-version={driver.version}"),
-        _hook(settings, UPDATE_LDCACHE, *(a for d in driver.library_dirs for a in ("--folder", d))),
-        _hook(settings, DISABLE_DEVICE_NODE_MODIFICATION),
-        _hook(settings, UPDATE_APPLICATION_PROFILE),
+        hook(settings, CREATE_SYMLINKS, *_links(driver.graphics.links)),
+        hook(settings, CREATE_SYMLINKS, *_links(driver.links)),
+        hook(settings, ENABLE_CUDA_COMPAT, f"--host-driver-version={driver.version}"),
+        hook(settings, UPDATE_LDCACHE, *(a for d in driver.library_dirs for a in ("--folder", d))),
+        hook(settings, DISABLE_DEVICE_NODE_MODIFICATION),
+        hook(settings, UPDATE_APPLICATION_PROFILE),
     ]
     present = [h for h in hooks if h is not None]
     if present:
@@ -127,7 +127,7 @@ def _links(links: Sequence[str]) -> list[str]:
     return [arg for link in links for arg in ("--link", link)]
 
 
-def _hook(settings: CdiSettings, name: str, *args: str) -> dict[str, Any] | None:
+def hook(settings: CdiSettings, name: str, *args: str) -> dict[str, Any] | None:
     """The hook `name`, or None when cdiDisableHooks leaves it out or it would have nothing to do."""
     disabled = set(settings.disabled_hooks)
     if "all" in disabled or name in disabled or (name == CREATE_SYMLINKS and not args):

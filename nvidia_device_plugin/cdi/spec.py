@@ -10,8 +10,8 @@ NVIDIA's hooks, run through `nvidiaCTKPath`. With IMEX channels configured and p
 add one spec each (class `gdrcopy`, `gds`, `mofed`) with the device "all", which Allocate names after the
 GPUs and IMEX channels; where the mode's kernel nodes are absent its spec would be empty, so it is left
 out (with a note) and not named, as NVIDIA drops an empty spec and still serves the GPUs. Each document
-declares the lowest cdiVersion its features need (version.py). A WSL2 node (/dev/dxg) gets no spec: the
-plan names that as its problem (WSL_PROBLEM).
+declares the lowest cdiVersion its features need (version.py). A WSL2 node (/dev/dxg) gets the `gpu`
+spec of wsl.py and no other.
 """
 
 from __future__ import annotations
@@ -36,19 +36,12 @@ from nvidia_device_plugin.cdi.model import (
 )
 from nvidia_device_plugin.cdi.scan import NodeScan, scan_node
 from nvidia_device_plugin.cdi.version import minimum_version
+from nvidia_device_plugin.cdi.wsl import wsl_common_edits, wsl_device_edits
 from nvidia_device_plugin.config.v1 import Config, any_cdi_enabled
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.devnodes import is_wsl, under
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.plans.resources import ResourcePlan
-
-# NVIDIA's toolkit describes a WSL2 node in a spec of its own (one device "all": /dev/dxg, the driver store's
-# files under /usr/lib/wsl); these specs are not made for one, so CDI names are not given there.
-WSL_PROBLEM = (
-    "this is a WSL2 node (/dev/dxg): its GPUs are reached through /dev/dxg and its driver files are under "
-    "/usr/lib/wsl, which this plugin's CDI specs do not describe; use deviceListStrategy envvar or "
-    "volume-mounts (with passDeviceSpecs containers get /dev/dxg)"
-)
 
 
 def plan_cdi(
@@ -66,9 +59,9 @@ def plan_cdi(
     settings = CdiSettings.from_config(config)
     spec_dir = str(host.spec_root / settings.spec_dir.lstrip("/"))
     notes = settings_notes(settings)
-    if is_wsl(str(host.dev_root)):
-        return CdiPlan(spec_dir, problem=WSL_PROBLEM, notes=notes)
     driver_root = host.driver_root if host.driver_root is not None else Path(settings.container_driver_root)
+    if is_wsl(str(host.dev_root)):
+        return _plan_wsl(plans, settings, driver_root, spec_dir, notes + _dropped_notes(settings, host))
     devices = [d for plan in plans for d in plan.devices]
     channels = config.imex.channel_ids
     try:
@@ -84,6 +77,28 @@ def plan_cdi(
         imex_channels=tuple(scan.imex_channels),
         extra_modes=tuple(m for m in settings.extra_modes if m not in dropped),
     )
+
+
+def _plan_wsl(
+    plans: Sequence[ResourcePlan],
+    settings: CdiSettings,
+    driver_root: Path,
+    spec_dir: str,
+    notes: tuple[str, ...],
+) -> CdiPlan:
+    """A WSL2 node's plan: the `gpu` spec of wsl.py, each device Allocate names holding /dev/dxg."""
+    ids = (runtime_device_id(d, settings.device_id_strategy) for plan in plans for d in plan.devices)
+    devices = [{"name": name, "containerEdits": wsl_device_edits(settings)} for name in dict.fromkeys(ids)]
+    try:
+        common = wsl_common_edits(driver_root, settings)
+    except CdiError as exc:
+        return CdiPlan(spec_dir, problem=f"cannot generate the CDI spec: {exc}", notes=notes)
+    return CdiPlan(spec_dir, specs=(make_spec(GPU_CLASS, devices, common),) if devices else (), notes=notes)
+
+
+def _dropped_notes(settings: CdiSettings, host: HostPaths) -> tuple[str, ...]:
+    """On WSL2 the extra modes' kernel nodes do not exist: each is left out, as where they are missing."""
+    return tuple(_dropped_note(mode, host.dev_root) for mode in settings.extra_modes)
 
 
 def _dropped_note(mode: str, dev_root: Path) -> str:

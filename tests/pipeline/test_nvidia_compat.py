@@ -307,19 +307,40 @@ def test_a_wsl2_node_gives_each_gpu_dev_dxg_and_no_linux_driver_nodes(
     ]
 
 
-def test_a_wsl2_node_under_a_cdi_strategy_says_why_it_has_no_spec(
-    tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn
+def test_a_wsl2_nodes_cdi_spec_gives_each_gpu_dev_dxg_and_the_driver_store(
+    tmp_path: Path, serve: Callable[..., Daemon], kubelet: KubeletStandIn
 ) -> None:
-    load = loader(tmp_path, None, env={"DEVICE_LIST_STRATEGY": "cdi-cri"})
-    daemon = Daemon(DaemonOptions(plugin_dir, load, simulated(WSL2_NODE)))
-    daemon.start()
-    try:
-        snapshot = daemon.snapshot
-        assert snapshot is not None and snapshot.cdi is not None
-        assert snapshot.cdi.problem is not None and "WSL2 node (/dev/dxg)" in snapshot.cdi.problem
-        assert snapshot.cdi.specs == ()
-    finally:
-        daemon.stop()
+    """NVIDIA's toolkit WSL2 edits (pkg/nvcdi lib-wsl.go, driver-wsl.go): /dev/dxg, its required files from
+    the driver store then /usr/lib/wsl/lib, the nvidia-smi link and update-ldcache over their directories."""
+    env = {"DEVICE_LIST_STRATEGY": "cdi-cri", "NVIDIA_CDI_HOOK_PATH": "/usr/bin/nvidia-cdi-hook"}
+    daemon = serve(loader(tmp_path, None, env=env), node=WSL2_NODE)
+    ids, response = kubelet.admit(GPU, 1)
+    assert [d.name for d in response.cdi_devices] == [f"k8s.device-plugin.nvidia.com/gpu={ids[0]}"]
+    assert daemon.snapshot is not None and daemon.snapshot.cdi is not None
+    assert daemon.snapshot.cdi.problem is None, daemon.snapshot.cdi.problem
+    [spec] = [s.document for s in daemon.snapshot.cdi.specs]
+    assert spec["devices"] == [
+        {"name": ids[0], "containerEdits": {"deviceNodes": [{"path": "/dev/dxg", "hostPath": "/dev/dxg"}]}}
+    ]
+    store = "/usr/lib/wsl/drivers/nv_dispi.inf_amd64_0123456789abcdef"
+    files = [
+        f"{store}/libcuda.so.1.1",
+        f"{store}/libcuda_loader.so",
+        f"{store}/libnvidia-ptxjitcompiler.so.1",
+        f"{store}/libnvidia-ml.so.1",
+        f"{store}/libnvidia-ml_loader.so",
+        "/usr/lib/wsl/lib/libdxcore.so",  # not in the store: the next directory searched
+        f"{store}/libnvdxgdmal.so.1",
+        f"{store}/nvcubins.bin",
+        f"{store}/nvidia-smi",
+    ]
+    common = spec["containerEdits"]
+    assert [(m["containerPath"], m["hostPath"]) for m in common["mounts"]] == [(f, f) for f in files]
+    assert [h["args"] for h in common["hooks"]] == [
+        ["nvidia-cdi-hook", "create-symlinks", "--link", f"{store}/nvidia-smi::/usr/bin/nvidia-smi"],
+        ["nvidia-cdi-hook", "update-ldcache", "--folder", store, "--folder", "/usr/lib/wsl/lib"],
+    ]
+    assert "deviceNodes" not in common  # no control nodes on WSL2
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -86,15 +86,23 @@ def driver_library_name(stem: str, version: str) -> str:
     return f"{stem}.so.{version}"
 
 
-# A WSL2 guest's driver files (the Windows driver's): the loader libraries and nvidia-smi in /usr/lib/wsl/lib,
-# the driver store's copies under /usr/lib/wsl/drivers/<package>/. No libcuda.so.<driver version>.
+# A WSL2 guest's driver files (the Windows driver's): the NVIDIA adapter's driver store package under
+# /usr/lib/wsl/drivers/ (libraries, nvcubins.bin, nvidia-smi) and /usr/lib/wsl/lib (libdxcore.so and the
+# loader copies). No libcuda.so.<driver version> and nothing under /usr/lib/x86_64-linux-gnu.
 WSL_LIBRARY_DIR = "usr/lib/wsl/lib"
 WSL_DRIVER_STORE = "usr/lib/wsl/drivers/nv_dispi.inf_amd64_0123456789abcdef"
-WSL_LIBRARIES = {
+WSL_STORE_LIBRARIES = {
+    "libcuda.so.1.1": "libcuda.so.1",
+    "libcuda_loader.so": "libcuda_loader.so",
+    "libnvidia-ptxjitcompiler.so.1": "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-ml.so.1": "libnvidia-ml.so.1",
+    "libnvidia-ml_loader.so": "libnvidia-ml_loader.so",
+    "libnvdxgdmal.so.1": "libnvdxgdmal.so.1",
+}
+WSL_LIB_LIBRARIES = {
     "libcuda.so.1.1": "libcuda.so.1",
     "libdxcore.so": "libdxcore.so",
     "libnvidia-ml.so.1": "libnvidia-ml.so.1",
-    "libnvidia-ptxjitcompiler.so.1": "libnvidia-ptxjitcompiler.so.1",
 }
 
 
@@ -166,8 +174,12 @@ def elf_shared_object(soname: str) -> bytes:
 
 
 def _write_wsl_driver_root(root: Path) -> None:
-    for directory in (WSL_LIBRARY_DIR, WSL_DRIVER_STORE):
+    for directory, libraries in (
+        (WSL_DRIVER_STORE, WSL_STORE_LIBRARIES),
+        (WSL_LIBRARY_DIR, WSL_LIB_LIBRARIES),
+    ):
         (root / directory).mkdir(parents=True)
-        for name, soname in WSL_LIBRARIES.items():
+        for name, soname in libraries.items():
             _shared_object(root / directory / name, soname)
         (root / directory / "nvidia-smi").write_bytes(b"\x7fELF")
+    (root / WSL_DRIVER_STORE / "nvcubins.bin").write_bytes(b"\0")
