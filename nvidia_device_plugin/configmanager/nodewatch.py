@@ -75,6 +75,11 @@ class RelistBackoff:
         self._next = self._initial
         self._last: float | None = None
 
+    def reset(self) -> None:
+        """Start again from the first delay (what came before went well)."""
+        self._next = self._initial
+        self._last = None
+
     def delay(self) -> float:
         now = time.monotonic()
         if self._last is None or now - self._last > self._reset:
