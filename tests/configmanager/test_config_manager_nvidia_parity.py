@@ -200,7 +200,9 @@ def _follow_in_thread(tmp_path: Path, server: FakeApiServer) -> tuple[threading.
     return stop, thread
 
 
-def _watches_in_window(tmp_path: Path, seconds: float) -> int:
+def _watches(tmp_path: Path, enough: Callable[[FakeApiServer], object]) -> int:
+    """Follow a server whose every watch delivers one event and ends, until `enough` says so; how many
+    watches it saw."""
     with FakeApiServer({LABEL: "a"}) as server:
         for _ in range(300):  # every watch: one event, then the stream ends
             server.set_label("a")
@@ -208,7 +210,7 @@ def _watches_in_window(tmp_path: Path, seconds: float) -> int:
         stop, thread = _follow_in_thread(tmp_path, server)
         try:
             wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=30)
-            time.sleep(seconds)  # an observation window: load only lowers the count
+            enough(server)
             count = len(server.watches())
         finally:
             stop.set()
@@ -220,7 +222,7 @@ def _watches_in_window(tmp_path: Path, seconds: float) -> int:
 
 def test_watches_that_end_after_one_event_are_reopened_after_client_gos_backoff(tmp_path: Path) -> None:
     # 0.8 s, then 1.6 s more (each up to twice that): at most 3 watches in 3 s; a loop made ~40.
-    count = _watches_in_window(tmp_path, 3.0)
+    count = _watches(tmp_path, lambda _: time.sleep(3.0))  # an observation window: load only lowers it
     assert count <= 4, f"{count} watches in 3 s"
 
 
@@ -228,8 +230,12 @@ def test_a_watch_that_lived_long_enough_resets_the_backoff(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(manager_module, "WATCH_HEALTHY_S", 0.0)  # every watch counts as a healthy one
-    count = _watches_in_window(tmp_path, 1.0)
-    assert count > 4, f"only {count} watches: a watch that lived long enough must reopen at once"
+
+    def eight_watches(server: FakeApiServer) -> None:
+        # Without the reset, the 8th watch would come after 0.8 + 1.6 + ... + 30 s >= 80 s of backoff.
+        wait_for(lambda: len(server.watches()) >= 8, "8 watches, each reopened at once", timeout=60)
+
+    assert _watches(tmp_path, eight_watches) >= 8
 
 
 def test_the_backoff_starts_again_after_reset() -> None:
