@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.document import read_config_document
 from nvidia_device_plugin.configmanager import manager as manager_module
 from nvidia_device_plugin.configmanager import nodewatch
@@ -310,3 +311,12 @@ def test_neither_itself_nor_an_unreadable_process_is_found(tmp_path: Path) -> No
     named.mkdir()
     (named / "comm").write_text(f"{name}\n")
     assert find_processes(name, proc_root=tmp_path) == [999998]
+
+
+def test_only_a_link_to_dev_null_reads_as_the_empty_config(tmp_path: Path) -> None:
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")  # a device that never ends is still refused, link or not
+    with pytest.raises(ConfigError, match="is a character device, not a regular config file"):
+        read_config_document(zero)
+    with pytest.raises(ConfigError, match="is a character device"):
+        read_config_document(os.devnull)  # named itself: not config-manager's link
