@@ -87,7 +87,8 @@ class ConfigManager:
     def apply(self, label_value: str) -> bool:
         """Point CONFIG_FILE_DST at the config `label_value` selects; True when the link changed.
 
-        Raises ConfigSelectionError or LinkError, leaving the previous link as it was.
+        Raises ConfigSelectionError or LinkError, leaving the previous link as it was; NoProcessToSignal
+        (only with `exit_on_error`) after changing it.
         """
         s = self._settings
         try:
@@ -102,14 +103,15 @@ class ConfigManager:
             if not label_value:
                 raise
             raise ConfigSelectionError(str(exc).replace(label_value, shown(label_value))) from None
-        if selection.name is None and self._empty_target is None:
+        if selection.name is not None:
+            changed = point_link(s.config_file_dst, s.config_file_srcdir / selection.name)
+            chosen = str(s.config_file_srcdir / selection.name)
+        elif self._empty_target is not None:
+            changed = point_link(s.config_file_dst, self._empty_target)
+            chosen = f"{self._empty_target}, the empty config (built-in defaults)"
+        else:
             changed = write_empty_config(s.config_file_dst)
             chosen = "the empty config (built-in defaults)"
-        else:
-            target = self._empty_target if selection.name is None else s.config_file_srcdir / selection.name
-            assert target is not None
-            changed = point_link(s.config_file_dst, target)
-            chosen = str(target)
         if changed:
             log.info(
                 "%s=%s: %s now points at %s (%s)",
@@ -136,7 +138,9 @@ class ConfigManager:
         Bounded as a whole by ONESHOT_TIMEOUT_S (the module's docstring says why)."""
         s = self._settings
         outcome: list[int] = []
-        worker = threading.Thread(target=lambda: outcome.append(self._link_once()), daemon=True)
+        worker = threading.Thread(
+            target=lambda: outcome.append(self._link_once()), name="config-manager-oneshot", daemon=True
+        )
         log.info(
             "reading label %s of node %s from the API (up to %.0f s: connecting %.0f s, its answer %.0f s)",
             s.node_label,

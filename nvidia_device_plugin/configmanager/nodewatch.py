@@ -10,6 +10,10 @@ rather than through `kubernetes.watch.Watch`, because the caller has to tell thr
 closing the stream (reconnect from the last resourceVersion seen), `410 Gone` (that version is too old:
 list again), and any other failure (back off, then list again).
 
+Every request has timeouts (API_CONNECT_TIMEOUT_S to connect, API_READ_TIMEOUT_S for each wait on a list's
+answer, WATCH_READ_TIMEOUT_S on a watch's) and urllib3's silent retries are off, so a server that accepts
+and never answers costs one bounded wait that the caller logs.
+
 Two bounds keep a misbehaving or hostile API answer from hurting the node. A list after `410 Gone` waits
 as client-go's reflector waits before it lists again (RelistBackoff: 0.8 s doubling to 30 s, each delay
 stretched by up to as much again at random, back to 0.8 s after 2 minutes without one), so an API server
