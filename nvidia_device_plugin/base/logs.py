@@ -38,8 +38,8 @@ def escape_controls(text: str) -> str:
 class TextFormatter(logging.Formatter):
     """One line per record; a traceback follows on indented lines."""
 
-    def __init__(self) -> None:
-        super().__init__(TEXT_FORMAT)
+    def __init__(self, fmt: str = TEXT_FORMAT) -> None:
+        super().__init__(fmt)
 
     def format(self, record: logging.LogRecord) -> str:
         record.message = record.getMessage()

@@ -1,7 +1,9 @@
 """`config-manager`: NVIDIA's config-manager interface, run as an init container (ONESHOT) and a sidecar.
 
 The GPU Operator execs `config-manager` from the device-plugin image; this is that command. Exit status: 0
-after ONESHOT succeeded, 1 when ONESHOT could not link a config, 2 for bad settings. SIGTERM or SIGINT ends
+after ONESHOT succeeded; 1, as NVIDIA's, when a config could not be linked (a label naming no config, no
+config chosen, the API not answering) or SEND_SIGNAL found no process to signal, in ONESHOT and in the
+sidecar alike; 2 for bad settings. SIGTERM or SIGINT ends
 the sidecar as they end NVIDIA's Go binary (it installs no handler, so Go's runtime re-raises the signal):
 the process dies of that signal, which the container runtime reports as 128 + its number (143 for SIGTERM).
 """
@@ -16,11 +18,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
-from nvidia_device_plugin.configmanager.manager import ConfigManager
+from nvidia_device_plugin.base.logs import TextFormatter
+from nvidia_device_plugin.configmanager.manager import EMPTY_CONFIG_TARGET, ConfigManager
 from nvidia_device_plugin.configmanager.nodewatch import NodeApiError, api_client_from_environment
 from nvidia_device_plugin.configmanager.settings import SettingsError, parse_settings
 
 log = logging.getLogger("nvidia_device_plugin.configmanager")
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class _Terminated(BaseException):
@@ -50,7 +54,7 @@ def _die_of(signum: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_escaped()
     env = os.environ if environ is None else environ
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, env)
@@ -62,7 +66,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except NodeApiError as exc:
         log.error("config-manager: %s", exc)
         return 1
-    manager = ConfigManager(settings, api_client)
+    # NVIDIA's: any config or signal failure exits 1; its `empty` fallback links /dev/null.
+    manager = ConfigManager(settings, api_client, exit_on_error=True, empty_target=EMPTY_CONFIG_TARGET)
     if settings.oneshot:
         return manager.run_once()
     # Nothing sets the event: the handler's exception ends `run` wherever it waits (a read, a back-off).
@@ -70,10 +75,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         signal.signal(signal.SIGTERM, _terminate)
         signal.signal(signal.SIGINT, _terminate)
-        manager.run(threading.Event())
+        return manager.run(threading.Event())
     except _Terminated as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second stop signal must not interrupt the exit
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         log.info("config-manager: %s received; stopping (%s left as it is)", stop, settings.config_file_dst)
         return _die_of(stop.signum)
-    return 0
+
+
+def _log_escaped() -> None:
+    """Log lines to stderr as before, through the daemon's formatter: control characters in what a line
+    quotes (a label value, an API message) are escaped, so none can forge a line or reach a terminal."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TextFormatter(_LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO, NoReturn
 
@@ -64,9 +65,22 @@ def read_config_bytes(path: str | os.PathLike[str], limit: int = MAX_CONFIG_BYTE
             raise ConfigError(f"{source}: is a directory, not a config file") from None
         if exc.kind == "too-big":
             raise ConfigError(_too_big(source, limit)) from None
+        if _links_to_dev_null(source):
+            return b""  # NVIDIA's config-manager links /dev/null for its `empty` fallback: the empty config
         raise ConfigError(f"{source}: is a {exc.file_kind}, not a regular config file") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read config file: {exc.strerror or exc}") from None
+
+
+def _links_to_dev_null(source: str) -> bool:
+    """Whether `source` is a symlink (config-manager's) to /dev/null; /dev/null named itself is refused."""
+    try:
+        if not os.path.islink(source):
+            return False
+        found, null = os.stat(source), os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(found.st_mode) and found.st_rdev == null.st_rdev
 
 
 def _too_big(source: str, limit: int) -> str:

@@ -10,6 +10,10 @@ rather than through `kubernetes.watch.Watch`, because the caller has to tell thr
 closing the stream (reconnect from the last resourceVersion seen), `410 Gone` (that version is too old:
 list again), and any other failure (back off, then list again).
 
+Every request has timeouts (API_CONNECT_TIMEOUT_S to connect, API_READ_TIMEOUT_S for each wait on a list's
+answer, WATCH_READ_TIMEOUT_S on a watch's) and urllib3's silent retries are off, so a server that accepts
+and never answers costs one bounded wait that the caller logs.
+
 Two bounds keep a misbehaving or hostile API answer from hurting the node. A list after `410 Gone` waits
 as client-go's reflector waits before it lists again (RelistBackoff: 0.8 s doubling to 30 s, each delay
 stretched by up to as much again at random, back to 0.8 s after 2 minutes without one), so an API server
@@ -48,12 +52,17 @@ MAX_EVENT_BYTES = 8 * 1024 * 1024
 RELIST_INITIAL_S = 0.8
 RELIST_CAP_S = 30.0
 RELIST_RESET_S = 120.0
+# An error answer's body is read for its Status message only.
+MAX_ERROR_BODY_BYTES = 64 * 1024
 # Asked of the server, which ends each watch after this long; the client then reconnects, which also bounds
 # how long a half-open connection (a vanished API server) can go unnoticed.
 WATCH_SECONDS = 300
-_CONNECT_TIMEOUT_SECONDS = 10
-# A read may wait a whole watch period for the next event; the margin covers a slow server.
-_READ_TIMEOUT_SECONDS = WATCH_SECONDS + 30
+# Every request is bounded: connecting, and each wait for the answer's next bytes. urllib3's own retries are
+# off (they repeated a read that timed out three times more, silently): the callers retry, logging why.
+API_CONNECT_TIMEOUT_S = 5.0
+API_READ_TIMEOUT_S = 10.0  # a list: the API server answers one node within a second
+# A watch read may wait a whole watch period for the next event; the margin covers a slow server.
+WATCH_READ_TIMEOUT_S = WATCH_SECONDS + 30
 
 
 class NodeApiError(DevicePluginError):
@@ -69,6 +78,11 @@ class RelistBackoff:
         self._reset = RELIST_RESET_S
         self._next = self._initial
         self._last: float | None = None
+
+    def reset(self) -> None:
+        """Start again from the first delay (what came before went well)."""
+        self._next = self._initial
+        self._last = None
 
     def delay(self) -> float:
         now = time.monotonic()
@@ -93,35 +107,77 @@ class NodeState:
 def api_client_from_environment(kubeconfig: str = "") -> Any:
     """`kubeconfig` if given (config-manager's --kubeconfig); else in a pod the service account, elsewhere
     $KUBECONFIG or ~/.kube/config (as kubectl)."""
+    configuration = kube_client.Configuration()
     try:
         if kubeconfig:
-            kube_config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration
+            )
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
-            kube_config.load_kube_config()  # type: ignore[no-untyped-call]
-    except (kube_config.ConfigException, OSError) as exc:
+            kube_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except (kube_config.ConfigException, OSError, ValueError, TypeError, AttributeError) as exc:
+        # A kubeconfig of the wrong shape fails inside the library with any of these: name the file instead.
         raise NodeApiError(f"no Kubernetes API credentials: {exc}") from exc
-    return kube_client.ApiClient()
+    return _client(configuration)
 
 
 def api_client_for(host: str) -> Any:
     """A client for an API server at `host` without credentials (tests, `kubectl proxy`)."""
     configuration = kube_client.Configuration()
     configuration.host = host
+    return _client(configuration)
+
+
+def _client(configuration: Any) -> Any:
+    configuration.retries = False  # see API_READ_TIMEOUT_S
     return kube_client.ApiClient(configuration)
 
 
-def _labels(node: Any) -> dict[str, str]:
-    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()}
+def _mapping(value: object, what: str) -> dict[str, Any]:
+    """`value` when it is a JSON object (or absent: empty); NodeApiError naming `what` otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise NodeApiError(f"{what} is a {_json_kind(value)}, not an object")
+    return value
+
+
+def _json_kind(value: object) -> str:
+    return {str: "string", list: "list", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _label_of(node: object, label: str, what: str) -> str:
+    """The value of `label` on the Node object `node` ("" when it has none); NodeApiError when `node` is not
+    shaped as a Node."""
+    metadata = _mapping(_mapping(node, what).get("metadata"), f"{what}'s metadata")
+    value = _mapping(metadata.get("labels"), f"{what}'s metadata.labels").get(label, "")
+    if not isinstance(value, str):
+        raise NodeApiError(f"{what}'s label {label} is a {_json_kind(value)}, not a string")
+    return value
+
+
+def _state_from_list(body: object, node_name: str, label: str) -> NodeState:
+    """The node's state in a NodeList answer; NodeApiError naming what is wrong with any other answer."""
+    what = f"the list of node {node_name}"
+    answer = _mapping(body, what)
+    items = answer.get("items") or []
+    if not isinstance(items, list):
+        raise NodeApiError(f"{what} is malformed: items is a {_json_kind(items)}, not a list")
+    if not items:
+        raise NodeApiError(f"node {node_name} does not exist (check NODE_NAME)")
+    version = str(_mapping(answer.get("metadata"), f"{what}'s metadata").get("resourceVersion") or "")
+    return NodeState(_label_of(items[0], label, f"node {node_name} in {what}"), version)
 
 
 class NodeLabelReader:
     """Reads one label of one node; `list_state()` once, then `watch(from_version)` over and over."""
 
     def __init__(self, api_client: Any, node_name: str, label: str) -> None:
-        self._api = kube_client.CoreV1Api(api_client)
+        self._client = api_client
         self._node_name = node_name
         self._label = label
         self._selector = f"metadata.name={node_name}"
@@ -139,35 +195,24 @@ class NodeLabelReader:
             log.debug("listing node %s again in %.1fs (its watch expired)", self._node_name, delay)
             self._woken.wait(delay)
         try:
-            response: Any = self._api.list_node(
-                field_selector=self._selector,
-                _preload_content=False,
-                _request_timeout=(_CONNECT_TIMEOUT_SECONDS, _CONNECT_TIMEOUT_SECONDS * 3),
-            )
+            response = self._get([], (API_CONNECT_TIMEOUT_S, API_READ_TIMEOUT_S))
             body = json.loads(_read_bounded(response, f"the list of node {self._node_name}"))
         except ApiException as exc:
             raise NodeApiError(f"listing node {self._node_name} failed: {describe_api_error(exc)}") from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise NodeApiError(f"listing node {self._node_name} failed: {exc}") from exc
-        items = body.get("items") or []
-        if not items:
-            raise NodeApiError(f"node {self._node_name} does not exist (check NODE_NAME)")
-        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        return NodeState(_labels(items[0]).get(self._label, ""), version)
+        return _state_from_list(body, self._node_name, self._label)
 
     def watch(self, from_version: str) -> Iterator[NodeState]:
         """The node's state after each change, until the server ends the stream (then return)."""
         try:
-            # _preload_content=False: the urllib3 response itself, streamed (the annotation says V1NodeList).
-            stream: Any = self._api.list_node(
-                field_selector=self._selector,
-                watch=True,
-                resource_version=from_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_SECONDS,
-                _preload_content=False,
-                _request_timeout=(_CONNECT_TIMEOUT_SECONDS, _READ_TIMEOUT_SECONDS),
-            )
+            query = [
+                ("watch", "true"),
+                ("resourceVersion", from_version),
+                ("allowWatchBookmarks", "true"),
+                ("timeoutSeconds", str(WATCH_SECONDS)),
+            ]
+            stream = self._get(query, (API_CONNECT_TIMEOUT_S, WATCH_READ_TIMEOUT_S))
         except ApiException as exc:
             if exc.status == HTTP_GONE:
                 self._expired = True
@@ -192,6 +237,30 @@ class NodeLabelReader:
             # reused by the next request, which then reads the rest of the stream as its status line.
             stream.close()
             stream.release_conn()
+
+    def _get(self, query: list[tuple[str, str]], timeout: tuple[float, float]) -> Any:
+        """The urllib3 response to `list nodes` of this node with `query`, unread; ApiException for an
+        answer other than 2xx (its body read up to MAX_ERROR_BODY_BYTES).
+
+        The request is made through the client's own request layer (credentials, TLS, proxy as the
+        kubeconfig says), not through CoreV1Api: importing that class costs the start of every
+        config-manager about a second (it defines every model of the API), for one URL."""
+        request = self._client.param_serialize(
+            "GET",
+            "/api/v1/nodes",
+            query_params=[("fieldSelector", self._selector), *query],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(*request, _request_timeout=timeout).response
+        if 200 <= response.status <= 299:
+            return response
+        try:
+            body = response.read(MAX_ERROR_BODY_BYTES, decode_content=True)
+        finally:
+            response.close()
+            response.release_conn()
+        raise ApiException(status=response.status, reason=response.reason, body=body.decode(errors="replace"))
 
     def interrupt(self) -> None:
         """End the watch being read (from another thread), and any later one at once: its reader is
@@ -220,13 +289,15 @@ class NodeLabelReader:
                     self._expired = True
                     raise WatchExpired(f"watch from resourceVersion {version}: {message or 'Gone'}")
                 raise NodeApiError(f"watch of node {self._node_name} failed: {code} {message}".rstrip())
-            version = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or version)
+            what = f"the node in an event of the watch of node {self._node_name}"
+            metadata = _mapping(_mapping(obj, what).get("metadata"), f"{what}'s metadata")
+            version = str(metadata.get("resourceVersion") or version)
             if kind == "BOOKMARK":
                 yield NodeState(None, version)
             elif kind == "DELETED":
                 raise NodeApiError(f"node {self._node_name} was deleted")
             else:  # ADDED, MODIFIED
-                yield NodeState(_labels(obj).get(self._label, ""), version)
+                yield NodeState(_label_of(obj, self._label, what), version)
 
 
 def _shut_down(stream: Any) -> None:

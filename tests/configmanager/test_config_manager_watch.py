@@ -137,8 +137,9 @@ def test_unlabelled_node_uses_default_and_fallbacks(
 def test_without_fallbacks_the_sidecar_waits_for_a_label(
     running: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """NVIDIA's binary (no strategies by default) exits 1 here; this one logs why, keeps watching and links
-    the config the label names once the node gets one."""
+    """NVIDIA's binary (no strategies by default) exits 1 here, and so does the `config-manager` command
+    (test_config_manager_nvidia_parity.py); ConfigManager as the daemon runs it (`--node-config-label`) logs
+    why, keeps watching and links the config the label names once the node gets one."""
     server, srcdir, dst = running({}, ["default", "x"])
     wait_for(lambda: len(server.watches()) == 1, "the watch")
     assert not dst.exists() and not dst.is_symlink()
