@@ -205,6 +205,10 @@ class Daemon:
 
     def stop(self) -> None:
         log.info("stopping")
+        if self.nvml is not None and self.nvml.calls is not None:
+            # No thread waits out an NVML deadline on the way out (a GPU in a reset would hold the stop
+            # past kubelet's grace period): calls in flight, and later ones, fail at once from here on.
+            self.nvml.calls.stop_waiting()
         self.workers.stop_all()
         if self._unsubscribe is not None:
             self._unsubscribe()

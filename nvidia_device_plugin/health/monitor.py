@@ -209,6 +209,9 @@ class HealthMonitor(Worker):
             self._handle_event(event)
 
     def _wait_failed(self, failure: NvmlFailure) -> None:
+        if failure.shutting_down:  # the daemon is stopping: this monitor is about to be stopped too
+            self.stopping.wait(self._backoff_s)
+            return
         self._wait_failures.report(
             f"wait {failure.code}", f"waiting for NVML events failed: {failure}; retrying"
         )
@@ -329,4 +332,5 @@ class HealthMonitor(Worker):
         try:
             nvml_events.free_event_set(self._nv, event_set)
         except NvmlFailure as failure:
-            log.warning("freeing an NVML event set failed: %s", failure)
+            if not failure.shutting_down:  # stopping: the driver frees it with the process
+                log.warning("freeing an NVML event set failed: %s", failure)

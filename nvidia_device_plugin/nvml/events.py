@@ -58,6 +58,11 @@ class NvmlFailure(Exception):
         return self.kind is NvmlErrorKind.STUCK
 
     @property
+    def shutting_down(self) -> bool:
+        """Not waited for: the process is stopping (nvml/bounded.py's stop_waiting)."""
+        return self.kind is NvmlErrorKind.SHUTTING_DOWN
+
+    @property
     def means_lost(self) -> bool:
         """The device is gone (GPU_IS_LOST, or NOT_FOUND: the driver no longer lists it)."""
         return self.kind in _LOST
@@ -185,8 +190,9 @@ def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Pro
     (index, UUID) on it when given. "stuck" when a call on it does not return in time (nvml/bounded.py)."""
     try:
         return on_lane(nv, gpu_uuid, f"checking {gpu_uuid}", lambda: _probe(nv, gpu_uuid, mig))
-    except pynvml.NVMLError as exc:  # stuck: the job did not return
-        return Probe("stuck", NvmlFailure(exc))
+    except pynvml.NVMLError as exc:  # stuck: the job did not return; or not waited for, as the process stops
+        failure = NvmlFailure(exc)
+        return Probe("stuck" if failure.stuck else "unknown", failure)
 
 
 def _probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None) -> Probe:

@@ -43,11 +43,15 @@ class NvmlSession:
         self.close()
 
     def close(self) -> None:
-        """Shut NVML down (a failure is logged, not raised) and remove a simulated node's host tree."""
-        try:
-            self.nv.nvmlShutdown()
-        except pynvml.NVMLError as exc:
-            log.warning("NVML shutdown failed: %s", exc)
+        """Shut NVML down (a failure is logged, not raised; never waiting on a stuck call, see
+        BoundedNvml.shutdown) and remove a simulated node's host tree."""
+        if self.calls is not None:
+            self.calls.shutdown()
+        else:
+            try:
+                self.nv.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                log.warning("NVML shutdown failed: %s", exc)
         if self.simulator is not None:
             self.simulator.close()  # releases simulated hangs, so no lane stays blocked
         if self.calls is not None:
