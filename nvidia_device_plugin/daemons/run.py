@@ -180,8 +180,9 @@ class Daemon:
             if self.labels is not None:
                 self.labels.notify()  # no GPUs to label: an empty file clears the node's labels
             return
-        if self.nvml.calls is not None:  # NVML calls past their deadline: a gauge by call
+        if self.nvml.calls is not None:  # NVML calls past their deadline: a gauge by call; slow ones counted
             self.nvml.calls.subscribe(self.metrics.nvml_call_stuck)
+            self.nvml.calls.subscribe_slow(self.metrics.nvml_call_slow)
         snapshot = self.reloads.first(self.nvml, config)
         inventory = snapshot.inventory
         log.info(

@@ -46,17 +46,15 @@ import pynvml
 from nvidia_device_plugin.base.signals import HANDLED
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.nvml.api import NvmlApi, api_functions
+from nvidia_device_plugin.nvml.deadlines import DEFAULT_CALL_TIMEOUT_S, SLOW_FRACTION
 from nvidia_device_plugin.nvml.errors import NVML_CALL_STUCK, NVML_SHUTTING_DOWN
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CALL_TIMEOUT_S = 10.0
-MAX_CALL_TIMEOUT_S = 600.0  # --nvml-call-deadline's bounds: a longer one would hide a hung GPU for minutes
-MIN_CALL_TIMEOUT_S = 1.0  # and a shorter one would call a busy driver stuck
-SLOW_FRACTION = 0.25  # a call that took this share of its deadline is slow (counted and logged)
 SLOW_LOG_INTERVAL_S = 60.0  # at most one slow-call line per call and device in this time
 SHUTDOWN_TIMEOUT_S = 5.0  # the most nvmlShutdown may take when the process stops (kubelet gives 30 s)
 INIT_TIMEOUT_S = 60.0  # nvmlInit loads the driver and may wake every GPU
+_HELD_AFTER_S = 1.0  # a call running this long when the process stops is taken as hung (see held())
 _LANE_LIMIT = 256  # lanes made for unknown devices beyond this share one
 _SYSTEM: tuple[str, ...] = ("system",)
 _EVENTS: tuple[str, ...] = ("events",)
@@ -214,14 +212,14 @@ class _Lane(Worker):
                 item.done.release()
 
     def held_by(self) -> str | None:
-        """'GPU 3 is stuck in nvmlDeviceGetMemoryInfo (for 14s)' while a call is stuck here, or has run
-        longer than a slow call takes (it may be about to be stuck); else None."""
+        """'GPU 3 is stuck in nvmlDeviceGetMemoryInfo (for 14s)' while a call is stuck here, or has run for
+        _HELD_AFTER_S (a call takes milliseconds: this one is likely hung, not yet past its deadline)."""
         with self._state:
             running = self._running
             if running is None or running.started_at is None:
                 return None
             since = time.monotonic() - running.started_at
-            if not running.stuck and since <= self._slow_after_s:
+            if not running.stuck and since < _HELD_AFTER_S:
                 return None
             call = running.stuck_in or self._in_call or running.name
         return f"{self.where} is stuck in {call} (for {since:.0f}s)"
@@ -282,22 +280,24 @@ class _Lane(Worker):
             except BaseException as exc:  # handed to the caller, who raises it (or gave up long ago)
                 item.error = exc
             took = time.monotonic() - item.started_at
+            if (
+                item.slow_after_s is not None
+                and took > item.slow_after_s
+                and not (item.stuck or item.abandoned)
+            ):
+                self._on_slow(item.name, self.where, took)  # counted by the time its caller has the answer
             with self._state:
                 self._running = None
                 item.finished = True
                 if not item.abandoned:  # stop_waiting released it already
                     self._waiting.discard(item)
                     item.done.release()
-            self._returned(item, took)
-
-    def _returned(self, item: _Call, took: float) -> None:
-        """Report a call that was stuck, or slow, once it returned."""
-        if item.stuck:
-            call = item.stuck_in or item.name
-            log.warning("NVML call %s on %s returned after %.1fs; its calls go on", call, self.where, took)
-            self._on_stuck(call, False)
-        elif item.slow_after_s is not None and took > item.slow_after_s and not item.abandoned:
-            self._on_slow(item.name, self.where, took)
+            if item.stuck:
+                call = item.stuck_in or item.name
+                log.warning(
+                    "NVML call %s on %s returned after %.1fs; its calls go on", call, self.where, took
+                )
+                self._on_stuck(call, False)
 
 
 class BoundedNvml:
@@ -332,10 +332,18 @@ class BoundedNvml:
     def slow_after_s(self) -> float:
         return self._slow_after_s
 
-    def subscribe(self, listener: StuckListener) -> None:
-        """Call `listener(call, stuck)` whenever a call gets stuck (True) or a stuck one returns (False)."""
+    def subscribe(self, listener: StuckListener) -> Callable[[], None]:
+        """Call `listener(call, stuck)` whenever a call gets stuck (True) or a stuck one returns (False);
+        returns what ends that."""
         with self._lock:
             self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return unsubscribe
 
     def subscribe_slow(self, listener: SlowListener) -> None:
         """Call `listener(call, where, seconds)` whenever a slow call returns (see the module doc)."""
@@ -352,8 +360,8 @@ class BoundedNvml:
             lane.abandon()
 
     def held(self) -> list[str]:
-        """What keeps NVML busy for good now: 'GPU 3 is stuck in nvmlDeviceGetMemoryInfo (for 14s)', one a
-        stuck lane."""
+        """What holds NVML now, one line a lane stuck in a call or in one for _HELD_AFTER_S: 'GPU 3 is stuck
+        in nvmlDeviceGetMemoryInfo (for 14s)'."""
         with self._lock:
             lanes = list(self._lanes.values())
         return [held for lane in lanes if (held := lane.held_by()) is not None]

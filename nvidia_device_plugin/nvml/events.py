@@ -12,14 +12,14 @@ uses it to make the current or next wait on that set return at once, as a timeou
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pynvml
 
 from nvidia_device_plugin.nvml.api import DeviceHandle, EventData, EventSetHandle, NvmlApi
-from nvidia_device_plugin.nvml.bounded import EVENTS, on_lane
+from nvidia_device_plugin.nvml.bounded import EVENTS, BoundedNvml, on_lane
 from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code
 
 NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
@@ -183,6 +183,19 @@ def interrupt_wait(nv: NvmlApi, event_set: EventSetHandle) -> bool:
         return False
     interrupt(event_set)
     return True
+
+
+def on_stuck_call_returned(nv: NvmlApi, listener: Callable[[], None]) -> Callable[[], None]:
+    """Call `listener()` whenever a call that was stuck returns (its device can be read again), where `nv`
+    is bounded (nvml/bounded.py); returns what ends that (a no-op elsewhere)."""
+    if not isinstance(nv, BoundedNvml):
+        return lambda: None
+
+    def returned(call: str, stuck: bool) -> None:
+        if not stuck:
+            listener()
+
+    return nv.subscribe(returned)
 
 
 def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Probe:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, cast
 import pynvml
 
 from nvidia_device_plugin.nvml.api import NvmlApi
-from nvidia_device_plugin.nvml.bounded import DEFAULT_CALL_TIMEOUT_S, BoundedNvml
+from nvidia_device_plugin.nvml.bounded import BoundedNvml
+from nvidia_device_plugin.nvml.deadlines import DEFAULT_CALL_TIMEOUT_S
 from nvidia_device_plugin.nvml.errors import nvml_call
 from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
 
