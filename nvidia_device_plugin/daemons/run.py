@@ -11,6 +11,9 @@ the probes server (first, so the liveness probe answers while discovery runs), t
 during start-up is not missed), the labels writer, the reload retry, the GPU re-discovery, MPS readiness;
 then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
 served snapshot; last the simulated events feeder, once health is watched.
+Stopping lets NVML go first (`stop_waiting`: no thread waits on a call a GPU reset hung, so the stop ends
+well within kubelet's grace period), then stops the workers, then shuts NVML down unless a call still holds
+it (nvml/bounded.py names that call).
 
 The daemon does not know whether NVML is real or simulated: the caller hands it a function that opens the
 session, and drives a simulator itself through the `simulated_events` worker it passes in (cli/ chooses).

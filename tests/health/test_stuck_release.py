@@ -32,7 +32,6 @@ def test_a_gpu_whose_stuck_call_returns_is_checked_at_once_and_recovers() -> Non
             clock.advance(POLL_S)  # the one poll: GPU 2's check gets stuck at its deadline
             wait_for(lambda: uuid in registry.unhealthy(), "GPU 2 to be unhealthy while its call is stuck")
             assert "nvmlDeviceGetMemoryInfo" in registry.unhealthy()[uuid]
-            assert [u for u in registry.unhealthy()] == [uuid]
             session.simulator.release("nvmlDeviceGetMemoryInfo", 2)  # the driver answers at last
             wait_for(lambda: uuid not in registry.unhealthy(), "GPU 2 back without waiting for a poll")
         finally:
