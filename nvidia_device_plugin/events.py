@@ -82,5 +82,8 @@ class Events(PluginEvents):
     def nvml_call_stuck(self, call: str, stuck: bool) -> None:
         """An NVML call passed its deadline (stuck), or such a call returned at last (nvml/bounded.py)."""
 
+    def nvml_call_slow(self, call: str, where: str, seconds: float) -> None:
+        """An NVML call on `where` ("GPU 3") returned, but took a quarter of its deadline or more."""
+
 
 NO_EVENTS = Events()

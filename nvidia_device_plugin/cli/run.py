@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -14,6 +15,7 @@ from nvidia_device_plugin.cli.common import AddParser, add_common_arguments, con
 from nvidia_device_plugin.cli.dra import add_run_arguments as add_dra_run_arguments
 from nvidia_device_plugin.cli.dra import dra_options
 from nvidia_device_plugin.cli.labels import add_labels_file_arguments, labels_options
+from nvidia_device_plugin.nvml.deadlines import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S
 
 if TYPE_CHECKING:
     from nvidia_device_plugin.config.source import ConfigSource
@@ -24,6 +26,7 @@ log = logging.getLogger("nvidia_device_plugin")
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_METRICS_ADDRESS = ":9402"
+NVML_CALL_DEADLINE_ENV = "NVDP_NVML_CALL_DEADLINE"
 
 
 def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
@@ -65,9 +68,32 @@ def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
         help=f"host:port for /metrics, /healthz, /readyz (default {DEFAULT_METRICS_ADDRESS}; empty disables) "
         "[env NVDP_METRICS_ADDRESS]",
     )
+    run.add_argument(
+        "--nvml-call-deadline",
+        metavar="SECONDS",
+        type=nvml_call_deadline,
+        default=env_value(environ, NVML_CALL_DEADLINE_ENV, f"{DEFAULT_CALL_TIMEOUT_S:g}"),
+        help=f"how long one NVML call may take before its GPU is served as unusable (default "
+        f"{DEFAULT_CALL_TIMEOUT_S:g}, from {MIN_CALL_TIMEOUT_S:g} to {MAX_CALL_TIMEOUT_S:g}); a call "
+        f"taking a quarter of it is counted and logged as slow [env {NVML_CALL_DEADLINE_ENV}]",
+    )
     add_labels_file_arguments(run, environ)
     add_dra_run_arguments(run, environ)
     run.set_defaults(handler=run_daemon)
+
+
+def nvml_call_deadline(text: str) -> float:
+    """--nvml-call-deadline: seconds, within the bounds nvml/bounded.py names."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not MIN_CALL_TIMEOUT_S <= seconds <= MAX_CALL_TIMEOUT_S:  # NaN and infinities fail here too
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds from {MIN_CALL_TIMEOUT_S:g} to {MAX_CALL_TIMEOUT_S:g} (also as env "
+            f"{NVML_CALL_DEADLINE_ENV}), got {text!r}"
+        )
+    return seconds
 
 
 def _node_label_follower(args: argparse.Namespace, source: ConfigSource) -> NodeLabelConfig | None:
@@ -106,7 +132,7 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
         return ConfigWatcher(source, on_change)
 
-    open_session, simulator = nvml_opener(args.simulate)
+    open_session, simulator = nvml_opener(args.simulate, args.nvml_call_deadline)
     if args.simulate_events and simulator is None:
         log.warning("--simulate-events %s ignored: it needs --simulate", args.simulate_events)
     daemon = Daemon(

@@ -11,6 +11,9 @@ the probes server (first, so the liveness probe answers while discovery runs), t
 during start-up is not missed), the labels writer, the reload retry, the GPU re-discovery, MPS readiness;
 then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
 served snapshot; last the simulated events feeder, once health is watched.
+Stopping lets NVML go first (`stop_waiting`: no thread waits on a call a GPU reset hung, so the stop ends
+well within kubelet's grace period), then stops the workers, then shuts NVML down unless a call still holds
+it (nvml/bounded.py names that call).
 
 The daemon does not know whether NVML is real or simulated: the caller hands it a function that opens the
 session, and drives a simulator itself through the `simulated_events` worker it passes in (cli/ chooses).
@@ -180,8 +183,9 @@ class Daemon:
             if self.labels is not None:
                 self.labels.notify()  # no GPUs to label: an empty file clears the node's labels
             return
-        if self.nvml.calls is not None:  # NVML calls past their deadline: a gauge by call
+        if self.nvml.calls is not None:  # NVML calls past their deadline: a gauge by call; slow ones counted
             self.nvml.calls.subscribe(self.metrics.nvml_call_stuck)
+            self.nvml.calls.subscribe_slow(self.metrics.nvml_call_slow)
         snapshot = self.reloads.first(self.nvml, config)
         inventory = snapshot.inventory
         log.info(
@@ -205,6 +209,10 @@ class Daemon:
 
     def stop(self) -> None:
         log.info("stopping")
+        if self.nvml is not None and self.nvml.calls is not None:
+            # No thread waits out an NVML deadline on the way out (a GPU in a reset would hold the stop
+            # past kubelet's grace period): calls in flight, and later ones, fail at once from here on.
+            self.nvml.calls.stop_waiting()
         self.workers.stop_all()
         if self._unsubscribe is not None:
             self._unsubscribe()

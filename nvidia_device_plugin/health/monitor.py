@@ -40,6 +40,8 @@ devices: see health/policy.py):
 * NVML calls have deadlines (nvml/bounded.py): a GPU whose call does not return is marked unhealthy at
   once, with the call in its reason ("NVML call nvmlDeviceGetMemoryInfo stuck"), and checked again every
   poll; the other GPUs' checks, and the event wait, go on meanwhile.
+* When such a stuck call returns at last, every GPU is checked at the next step rather than at the next
+  poll, so a GPU released by the driver comes back (with recovery on) as promptly as one never stuck.
 * stop() interrupts the event wait where the NVML API can (the simulator); real NVML's wait cannot be
   interrupted safely, so there stop() waits out the current wait (wait_timeout_ms, 500 ms by default).
 """
@@ -113,6 +115,8 @@ class HealthMonitor(Worker):
         self._next_poll_at = 0.0
         self._last_urgent_check: float | None = None
         self._wanted_events = nvml_events.event_mask(policy.event_types)
+        self._recheck = threading.Event()  # a stuck NVML call returned: check liveness at the next step
+        self._unwatch_returns: Callable[[], None] | None = None
 
     @property
     def _initial_backoff_s(self) -> float:
@@ -126,6 +130,7 @@ class HealthMonitor(Worker):
             log.info("health checks disabled by config (health.disabled): devices are always healthy")
             return False
         self._faults.adopt_unhealthy()
+        self._unwatch_returns = nvml_events.on_stuck_call_returned(self._nv, self._recheck.set)
         self._build_event_set()
         self._next_poll_at = self._scope.clock() + self._scope.poll_interval_s
         log.info(
@@ -150,6 +155,8 @@ class HealthMonitor(Worker):
             nvml_events.interrupt_wait(self._nv, event_set)
 
     def cleanup(self) -> None:
+        if self._unwatch_returns is not None:
+            self._unwatch_returns()
         if not self.started or self._policy.disabled:
             return
         if self.alive:
@@ -186,7 +193,8 @@ class HealthMonitor(Worker):
         else:
             self.stopping.wait(self._wait_timeout_ms / 1000.0)
         now = self._scope.clock()
-        if now >= self._next_poll_at:
+        if now >= self._next_poll_at or self._recheck.is_set():
+            self._recheck.clear()
             self._next_poll_at = now + self._scope.poll_interval_s
             self._faults.check_liveness(now)
         if self._policy.recovery.enabled and self._faults.recover(now):
@@ -209,6 +217,9 @@ class HealthMonitor(Worker):
             self._handle_event(event)
 
     def _wait_failed(self, failure: NvmlFailure) -> None:
+        if failure.shutting_down:  # the daemon is stopping: this monitor is about to be stopped too
+            self.stopping.wait(self._backoff_s)
+            return
         self._wait_failures.report(
             f"wait {failure.code}", f"waiting for NVML events failed: {failure}; retrying"
         )
@@ -329,4 +340,5 @@ class HealthMonitor(Worker):
         try:
             nvml_events.free_event_set(self._nv, event_set)
         except NvmlFailure as failure:
-            log.warning("freeing an NVML event set failed: %s", failure)
+            if not failure.shutting_down:  # stopping: the driver frees it with the process
+                log.warning("freeing an NVML event set failed: %s", failure)

@@ -29,11 +29,14 @@ class NvmlErrorKind(enum.Enum):
     STUCK = "stuck"  # the call did not return within its deadline (nvml/bounded.py): served as lost
     NO_DRIVER = "no driver"  # no driver library or kernel module: nothing can be served
     UNINITIALIZED = "uninitialized"  # NVML was not initialised (a bug of ours)
+    SHUTTING_DOWN = "shutting down"  # the process is stopping: the call was not waited for (nvml/bounded.py)
     OTHER = "other"  # anything else, UNKNOWN among them: real drivers return it transiently
 
 
-# Not an NVML return code: what nvml/bounded.py's NvmlCallStuck carries (NVML's own codes stay below 1000).
+# Not NVML return codes: what nvml/bounded.py's NvmlCallStuck and NvmlShuttingDown carry (NVML's own codes
+# stay below 1000).
 NVML_CALL_STUCK = 1000
+NVML_SHUTTING_DOWN = 1001
 
 # NVML return code -> (kind, what an operator reads instead of pynvml's text; None: pynvml's text).
 _CODES: dict[int, tuple[NvmlErrorKind, str | None]] = {
@@ -63,6 +66,7 @@ _CODES: dict[int, tuple[NvmlErrorKind, str | None]] = {
     pynvml.NVML_ERROR_INVALID_ARGUMENT: (NvmlErrorKind.INVALID_ARGUMENT, None),
     pynvml.NVML_ERROR_TIMEOUT: (NvmlErrorKind.TIMEOUT, None),
     NVML_CALL_STUCK: (NvmlErrorKind.STUCK, None),
+    NVML_SHUTTING_DOWN: (NvmlErrorKind.SHUTTING_DOWN, None),
 }
 
 # What a device answers for a feature or an index it does not have: MIG mode on a pre-Ampere GPU, an

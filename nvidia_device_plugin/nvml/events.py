@@ -12,14 +12,14 @@ uses it to make the current or next wait on that set return at once, as a timeou
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pynvml
 
 from nvidia_device_plugin.nvml.api import DeviceHandle, EventData, EventSetHandle, NvmlApi
-from nvidia_device_plugin.nvml.bounded import EVENTS, on_lane
+from nvidia_device_plugin.nvml.bounded import EVENTS, BoundedNvml, on_lane
 from nvidia_device_plugin.nvml.errors import NvmlErrorKind, classify, error_code
 
 NOT_ATTRIBUTED = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event not tied to a MIG instance
@@ -56,6 +56,11 @@ class NvmlFailure(Exception):
     def stuck(self) -> bool:
         """A call on the device did not return within its deadline (it may still be running)."""
         return self.kind is NvmlErrorKind.STUCK
+
+    @property
+    def shutting_down(self) -> bool:
+        """Not waited for: the process is stopping (nvml/bounded.py's stop_waiting)."""
+        return self.kind is NvmlErrorKind.SHUTTING_DOWN
 
     @property
     def means_lost(self) -> bool:
@@ -180,13 +185,27 @@ def interrupt_wait(nv: NvmlApi, event_set: EventSetHandle) -> bool:
     return True
 
 
+def on_stuck_call_returned(nv: NvmlApi, listener: Callable[[], None]) -> Callable[[], None]:
+    """Call `listener()` whenever a call that was stuck returns (its device can be read again), where `nv`
+    is bounded (nvml/bounded.py); returns what ends that (a no-op elsewhere)."""
+    if not isinstance(nv, BoundedNvml):
+        return lambda: None
+
+    def returned(call: str, stuck: bool) -> None:
+        if not stuck:
+            listener()
+
+    return nv.subscribe(returned)
+
+
 def probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None = None) -> Probe:
     """Whether NVML reads the GPU now (handle by UUID, its UUID, its memory info), and the MIG device
     (index, UUID) on it when given. "stuck" when a call on it does not return in time (nvml/bounded.py)."""
     try:
         return on_lane(nv, gpu_uuid, f"checking {gpu_uuid}", lambda: _probe(nv, gpu_uuid, mig))
-    except pynvml.NVMLError as exc:  # stuck: the job did not return
-        return Probe("stuck", NvmlFailure(exc))
+    except pynvml.NVMLError as exc:  # stuck: the job did not return; or not waited for, as the process stops
+        failure = NvmlFailure(exc)
+        return Probe("stuck" if failure.stuck else "unknown", failure)
 
 
 def _probe(nv: NvmlApi, gpu_uuid: str, mig: tuple[int, str] | None) -> Probe:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, cast
 import pynvml
 
 from nvidia_device_plugin.nvml.api import NvmlApi
-from nvidia_device_plugin.nvml.bounded import DEFAULT_CALL_TIMEOUT_S, BoundedNvml
+from nvidia_device_plugin.nvml.bounded import BoundedNvml
+from nvidia_device_plugin.nvml.deadlines import DEFAULT_CALL_TIMEOUT_S
 from nvidia_device_plugin.nvml.errors import nvml_call
 from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
 
@@ -43,11 +44,15 @@ class NvmlSession:
         self.close()
 
     def close(self) -> None:
-        """Shut NVML down (a failure is logged, not raised) and remove a simulated node's host tree."""
-        try:
-            self.nv.nvmlShutdown()
-        except pynvml.NVMLError as exc:
-            log.warning("NVML shutdown failed: %s", exc)
+        """Shut NVML down (a failure is logged, not raised; never waiting on a stuck call, see
+        BoundedNvml.shutdown) and remove a simulated node's host tree."""
+        if self.calls is not None:
+            self.calls.shutdown()
+        else:
+            try:
+                self.nv.nvmlShutdown()
+            except pynvml.NVMLError as exc:
+                log.warning("NVML shutdown failed: %s", exc)
         if self.simulator is not None:
             self.simulator.close()  # releases simulated hangs, so no lane stays blocked
         if self.calls is not None:

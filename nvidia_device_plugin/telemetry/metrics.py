@@ -136,6 +136,7 @@ class DaemonMetrics(Events):
     reloads: Counter
     mps_readiness_changes: Counter
     nvml_stuck_calls: Gauge
+    nvml_slow_calls: Counter
 
     def __init__(self, daemon: DaemonView) -> None:
         self.registry = CollectorRegistry()
@@ -160,6 +161,12 @@ class DaemonMetrics(Events):
             "GPU is served Unhealthy meanwhile).",
             ["call"],
             registry=self.registry,
+        )
+        self.nvml_slow_calls = self._counter(
+            "nvml_slow_calls",
+            "NVML calls that returned but took a quarter of their deadline or more (--nvml-call-deadline), "
+            "by pynvml function; the log names the GPU.",
+            ["call"],
         )
         self.registry.register(_StateCollector(daemon))
 
@@ -282,6 +289,9 @@ class DaemonMetrics(Events):
 
     def mig_strategy_violation(self, gpu_uuid: str, strategy: str) -> None:
         self.mig_violations.labels(gpu_uuid, strategy).inc()
+
+    def nvml_call_slow(self, call: str, where: str, seconds: float) -> None:
+        self.nvml_slow_calls.labels(call).inc()
 
     def nvml_call_stuck(self, call: str, stuck: bool) -> None:
         gauge = self.nvml_stuck_calls.labels(call)

@@ -142,3 +142,32 @@ def test_a_call_hung_from_the_start_by_the_node_file_still_lets_the_daemon_serve
         assert any("nvmlDeviceGetMemoryInfo" in m and "stuck" in m for m in problems), problems
     finally:
         daemon.stop()
+
+
+def _slow_count(daemon: Daemon, call: str) -> float:
+    text = daemon.metrics.render("text/plain")[0].decode()
+    prefix = f'nvidia_device_plugin_nvml_slow_calls_total{{call="{call}"}} '
+    return sum(float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_a_call_slow_but_under_its_deadline_is_counted_and_logged_with_its_gpu(
+    plugin_dir: Path, kubelet: KubeletStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    session = open_nvml("dgx-a100", call_timeout_s=4.0)  # slow from 1 s
+    daemon = _daemon(plugin_dir, session)
+    assert session.simulator is not None
+    daemon.start()
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        # A read of GPU 4 through the daemon's NVML takes 2 s: held, not stuck, and not silent either.
+        session.simulator.hang("nvmlDeviceGetMemoryInfo", 4, seconds=2.0)
+        handle = session.nv.nvmlDeviceGetHandleByIndex(4)
+        assert _returns(lambda: session.nv.nvmlDeviceGetMemoryInfo(handle), "the slow read") is not None
+        wait_for(lambda: _slow_count(daemon, "nvmlDeviceGetMemoryInfo") >= 1, "the slow call to be counted")
+        slow = [r.getMessage() for r in caplog.records if "was slow" in r.getMessage()]
+        assert any("nvmlDeviceGetMemoryInfo on GPU 4" in line for line in slow), slow
+        assert _health(kubelet, gpu_uuids(daemon)[4]) == "Healthy"
+    finally:
+        daemon.stop()
+        session.simulator.release()
