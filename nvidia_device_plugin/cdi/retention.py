@@ -36,7 +36,8 @@ MAX_CHECKPOINT_BYTES = 32 * 1024 * 1024
 # Kubelet's checkpoint nests 6 deep (document, Data, PodDeviceEntries, an entry, DeviceIDs, a NUMA list).
 MAX_CHECKPOINT_DEPTH = 16
 _STRING = re.compile(rb'"[^"]*"')  # after escapes are dropped: no backtracking, linear in the text
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_NOT_SKELETON = bytes(sorted(set(range(256)) - set(b'[]{}"')))
+_SLICE = 64 * 1024
 MAX_SPEC_BYTES = 16 * 1024 * 1024
 
 
@@ -109,12 +110,12 @@ def _check_nesting(data: bytes) -> None:
     """ValueError when the JSON nests deeper than MAX_CHECKPOINT_DEPTH or its brackets do not pair.
 
     json.loads recurses once per level, and a small file nested 200,000 deep would end in RecursionError;
-    this check costs a few copies of the text's bracket skeleton, never recursion. Escapes are dropped first
-    (escaped backslashes, then escaped quotes), so every quote left opens or closes a string, and the
-    strings (with any bracket in them) go with them.
+    this check costs a copy of the text's quotes and brackets (a few bytes a string), never recursion.
+    Escapes are dropped first (escaped backslashes, then escaped quotes), so every quote left opens or
+    closes a string, and the strings (with any bracket in them) go with them.
     """
-    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    skeleton = _STRING.sub(b"", unescaped).translate(None, _NOT_BRACKETS)
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")  # the same object when there are none
+    skeleton = _brackets_outside_strings(unescaped)
     for _ in range(MAX_CHECKPOINT_DEPTH):
         if not skeleton:
             return
@@ -124,6 +125,27 @@ def _check_nesting(data: bytes) -> None:
         skeleton = inner_removed
     if skeleton:
         raise ValueError(f"it nests deeper than {MAX_CHECKPOINT_DEPTH} levels (kubelet writes 6)")
+
+
+def _brackets_outside_strings(text: bytes) -> bytes:
+    """The brackets of `text` (without escapes) that are not inside a string, in order.
+
+    Done a slice at a time, so the copies made on the way stay small whatever the file's size:
+    translate() allocates its whole input's size before it shrinks, and re.sub keeps a piece per match.
+    Each slice ends after an even number of quotes, so no string is cut in two.
+    """
+    parts: list[bytes] = []
+    start = 0
+    while start < len(text):
+        end = min(start + _SLICE, len(text))
+        quotes_and_brackets = text[start:end].translate(None, _NOT_SKELETON)
+        if quotes_and_brackets.count(b'"') % 2:  # a string runs on: take the slice to its closing quote
+            closing = text.find(b'"', end)
+            end = len(text) if closing < 0 else closing + 1
+            quotes_and_brackets = text[start:end].translate(None, _NOT_SKELETON)
+        parts.append(_STRING.sub(b"", quotes_and_brackets))
+        start = end
+    return b"".join(parts)
 
 
 def _response(encoded: object) -> api_pb2.ContainerAllocateResponse:

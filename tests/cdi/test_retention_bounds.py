@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
+from cdi_support import kubelet_checkpoint
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.cdi.model import CDI_VENDOR, CdiError, CdiPlan, CdiSpec
@@ -53,7 +55,7 @@ def test_brackets_and_quotes_inside_strings_do_not_count_as_nesting(tmp_path: Pa
     response = pb.ContainerAllocateResponse(cdi_devices=[pb.CDIDevice(name=f"{GPU}=GPU-a")])
     entry = {
         "PodUID": 'pod-[[[[{{{{"\\',
-        "ContainerName": "]]]]" * 40,
+        "ContainerName": "]]]]" * 40_000,  # 160 KB of brackets in one string, across the check's slices
         "ResourceName": "nvidia.com/gpu",
         "DeviceIDs": {"-1": ["GPU-a"]},
         "AllocResp": base64.b64encode(response.SerializeToString()).decode(),
@@ -71,3 +73,28 @@ def test_a_deep_checkpoint_keeps_every_name_and_the_reload_goes_on(tmp_path: Pat
     checkpoint.write_text("[" * 200_000 + "]" * 200_000)
     assert publisher.publish(CdiPlan(str(spec_dir), specs=(_spec(["0"]),))) is None  # applied
     assert _names(spec_dir) == {f"{GPU}=0", f"{GPU}=GPU-a", f"{GPU}=GPU-b"}  # every old name kept
+
+
+def test_parsing_holds_about_twice_the_file_not_the_whole_json_tree(tmp_path: Path) -> None:
+    """500 containers with 64 device IDs each (about 3.6 MiB): what the parse allocates at its peak (the
+    file's bytes and text, then the names found) stays under 2.5x the file; json.loads' whole tree, with a
+    Python string per device ID, was 4x."""
+    checkpoint = tmp_path / "kubelet_internal_checkpoint"
+    admitted = []
+    for n in range(500):
+        ids = [f"GPU-{n:08d}-aaaa-bbbb-cccc-dddddddddddd::{k}" for k in range(64)]
+        response = pb.ContainerAllocateResponse(
+            envs={"NVIDIA_VISIBLE_DEVICES": ",".join(ids[:8])},
+            cdi_devices=[pb.CDIDevice(name=f"{GPU}={i}") for i in ids[:8]],
+        )
+        admitted.append((f"pod-{n}", "nvidia.com/gpu", ids, response))
+    kubelet_checkpoint(checkpoint, admitted)
+    size = checkpoint.stat().st_size
+    tracemalloc.start()
+    try:
+        names = names_in_use(checkpoint)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(names) == 4000
+    assert peak < 2.5 * size, f"peak {peak / size:.1f}x the {size:,}-byte checkpoint"
