@@ -25,6 +25,7 @@ import contextlib
 import http.server
 import io
 import logging
+import re
 import socket
 import threading
 import time
@@ -100,11 +101,11 @@ def read_head(sock: socket.socket, deadline: float) -> bytes | None:
     head = b""
     while b"\r\n\r\n" not in head and b"\n\n" not in head:
         left = deadline - time.monotonic()
-        if left <= 0 or len(head) > MAX_HEAD_BYTES:
+        if left <= 0 or len(head) >= MAX_HEAD_BYTES:
             return None
         sock.settimeout(min(left, IDLE_TIMEOUT_S))
         try:
-            chunk = sock.recv(4096)
+            chunk = sock.recv(min(4096, MAX_HEAD_BYTES - len(head)))  # never past the bound
         except OSError:  # a timeout, a reset, or pushed out by newer connections
             return None
         if not chunk:
@@ -116,7 +117,14 @@ def read_head(sock: socket.socket, deadline: float) -> bytes | None:
 
 def _path_of(head: bytes) -> str:
     parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
-    return urlsplit(parts[1].decode("latin-1")).path if len(parts) >= 2 else ""
+    return request_path(parts[1].decode("latin-1")) if len(parts) >= 2 else ""
+
+
+def request_path(target: str) -> str:
+    """The path of a request target, as the bounds and the answers both see it: no query, and `//healthz`
+    is `/healthz` (urlsplit would read `//healthz` as a host with an empty path)."""
+    path = target.split("?", 1)[0].split("#", 1)[0] if target.startswith("/") else urlsplit(target).path
+    return re.sub("/{2,}", "/", path)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -153,7 +161,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._answer(send_body=False)
 
     def _answer(self, send_body: bool) -> None:
-        path = urlsplit(self.path).path
+        path = request_path(self.path)
         if self.busy is not None:
             self._send(503, self.busy.encode(), "text/plain; charset=utf-8", send_body)
         elif path == "/metrics":
