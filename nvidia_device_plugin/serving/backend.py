@@ -9,7 +9,8 @@ pod, while the registry's faults are the GPU's own (first reason wins, recovery 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -24,22 +25,41 @@ from nvidia_device_plugin.serving.preferred import preferred_allocation
 
 # GetPreferredAllocation is the one call whose work grows with the request (kubelet offers every free ID,
 # 5,600 on a large node). Kubelet sends one at a time; four clients looping them took the CPU Allocate
-# needed (its median 74x). So one computation at a time per resource; at most PREFERRED_WAITING more calls
-# wait for their turn (holding a worker thread each, never the CPU: the other workers stay free for
-# Allocate), each for at most PREFERRED_WAIT_S; past either bound the call is refused, naming it.
+# needed (its median 74x). So, per resource:
+# * one computation at a time; at most PREFERRED_WAITING more calls wait for their turn (holding a worker
+#   thread each, never the CPU: the other workers stay free for Allocate), each for at most
+#   PREFERRED_WAIT_S; past either bound the call is refused, naming it;
+# * after a computation of t seconds the next one starts no sooner than PREFERRED_REST x t later (at most
+#   PREFERRED_MAX_REST_S): back-to-back calls get at most a quarter of a core, and Allocate the rest. A
+#   call that finds no computation recent (kubelet's, one per pod) starts at once.
 PREFERRED_WAITING = 2
 PREFERRED_WAIT_S = 5.0
+PREFERRED_REST = 3.0
+PREFERRED_MAX_REST_S = 1.0
 
 
 class OneAtATime:
-    """One holder of turn() at a time; `waiting` more callers wait up to `wait_s` seconds, others refused."""
+    """One holder of turn() at a time, spaced by `rest` x the last turn's length; `waiting` more callers
+    wait up to `wait_s` seconds for theirs, others are refused."""
 
-    def __init__(self, what: str, waiting: int, wait_s: float) -> None:
+    def __init__(
+        self,
+        what: str,
+        waiting: int,
+        wait_s: float,
+        rest: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._what = what
         self._waiting = waiting
         self._wait_s = wait_s
+        self._rest = rest
+        self._clock = clock
+        self._sleep = sleep
         self._admitted = threading.BoundedSemaphore(1 + waiting)
         self._running = threading.Lock()
+        self._rested_at = 0.0  # when the next turn may start (clock time)
 
     @contextmanager
     def turn(self) -> Iterator[None]:
@@ -56,7 +76,15 @@ class OneAtATime:
                     "per resource; kubelet sends one at a time)"
                 )
             try:
-                yield
+                resting = self._rested_at - self._clock()
+                if resting > 0:
+                    self._sleep(min(resting, PREFERRED_MAX_REST_S))
+                started = self._clock()
+                try:
+                    yield
+                finally:
+                    ended = self._clock()
+                    self._rested_at = ended + self._rest * (ended - started)
             finally:
                 self._running.release()
         finally:
@@ -85,7 +113,7 @@ class GpuResourceBackend:
         self._index = AllocationIndex(plan, inventory)
         self._mps_gate = mps_gate
         self._preferred_turns = OneAtATime(
-            f"GetPreferredAllocation for {plan.name}", PREFERRED_WAITING, PREFERRED_WAIT_S
+            f"GetPreferredAllocation for {plan.name}", PREFERRED_WAITING, PREFERRED_WAIT_S, PREFERRED_REST
         )
 
     def devices(self) -> Sequence[DeviceState]:

@@ -121,3 +121,29 @@ def test_a_caller_waits_only_so_long_for_its_turn() -> None:
     assert len(outcome) == 1 and "waited 0.01 s for the one computed before it" in outcome[0]
     with turns.turn():  # the bound is given back: the next caller computes
         pass
+
+
+def test_back_to_back_computations_rest_three_times_as_long_as_the_last_took() -> None:
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    turns = OneAtATime(
+        "GetPreferredAllocation for nvidia.com/gpu", 2, 5.0, rest=3.0, clock=lambda: now[0], sleep=sleep
+    )
+    with turns.turn():  # the first computation starts at once, and takes 0.1 s
+        now[0] += 0.1
+    with turns.turn():  # the next one, right after: rests 0.3 s first, then takes 0.01 s
+        now[0] += 0.01
+    now[0] += 1.0  # a call long after (kubelet's next pod): starts at once
+    with turns.turn():
+        pass
+    assert slept == [pytest.approx(0.3)]
+    with turns.turn():  # right after a computation of no time: no rest; this one takes 2 s
+        now[0] += 2.0
+    with turns.turn():  # 6 s of rest are owed, capped at PREFERRED_MAX_REST_S
+        pass
+    assert slept == [pytest.approx(0.3), backend_module.PREFERRED_MAX_REST_S]
