@@ -9,6 +9,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+import pytest
+
 from nvidia_device_plugin.telemetry import probes
 from nvidia_device_plugin.telemetry.probes import ProbeServer, request_path
 
@@ -97,3 +99,27 @@ def test_a_probe_path_with_doubled_slashes_is_a_probe_in_its_bound_and_its_answe
             render.gate.set()
             for sock in scrapers:
                 sock.close()
+
+
+def test_scrape_answers_are_spaced_whatever_the_scrapers_do() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    renders: list[str] = []
+
+    def render(accept: str) -> tuple[bytes, str]:
+        renders.append(accept)
+        return b"# metrics\n", "text/plain; version=0.0.4"
+
+    cache = probes._RenderCache(render, str, 60.0, probes.SCRAPE_SPACING_S, clock=lambda: now[0], sleep=sleep)
+    for _ in range(10):  # scrapers in a loop: each answer waits for the one before's spacing
+        cache.get("")
+    assert slept == [pytest.approx(probes.SCRAPE_SPACING_S)] * 9 and len(renders) == 1
+    now[0] += 60.0  # a scrape after a quiet spell (Prometheus, every 15-30 s) is answered at once
+    cache.get("")
+    assert len(slept) == 9
+    assert 1 / probes.SCRAPE_SPACING_S == 50  # the figure docs/operations.md "Limits" gives
