@@ -85,7 +85,10 @@ def _parse(text: str) -> list[_Entry]:
     names, the device-ID maps to nothing), so the memory held is the text and one entry, not the whole tree.
     """
     document = json.loads(text, object_hook=_reduce)
-    entries = document["Data"]["PodDeviceEntries"] or []
+    data = document.get("Data") if isinstance(document, dict) else None
+    if not isinstance(data, dict) or "PodDeviceEntries" not in data:
+        raise ValueError("it has no Data.PodDeviceEntries")
+    entries = data["PodDeviceEntries"] or []
     if not isinstance(entries, list) or not all(isinstance(e, _Entry) for e in entries):
         raise ValueError("Data.PodDeviceEntries is not a list of pod-device entries")
     return entries

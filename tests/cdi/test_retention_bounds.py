@@ -98,3 +98,17 @@ def test_parsing_holds_about_twice_the_file_not_the_whole_json_tree(tmp_path: Pa
         tracemalloc.stop()
     assert len(names) == 4000
     assert peak < 2.5 * size, f"peak {peak / size:.1f}x the {size:,}-byte checkpoint"
+
+
+@pytest.mark.parametrize(
+    "text", ["[]", '{"Data": {"RegisteredDevices": {}}}', '{"Data": {"PodDeviceEntries": [1]}}', '"x"']
+)
+def test_a_checkpoint_without_kubelets_layout_is_refused_naming_what_is_missing(
+    tmp_path: Path, text: str
+) -> None:
+    checkpoint = tmp_path / "kubelet_internal_checkpoint"
+    checkpoint.write_text(text)
+    with pytest.raises(
+        CdiError, match=r"not in the format kubelet writes: .*(Data\.PodDeviceEntries|pod-device)"
+    ):
+        names_in_use(checkpoint)
