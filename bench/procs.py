@@ -15,6 +15,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -221,9 +222,15 @@ class DaemonProcess:
 
 @contextlib.contextmanager
 def daemon_process(
-    node: str, config: str | None = None, events: bool = False, timeout: float = 60.0
+    node: str,
+    config: str | None = None,
+    events: bool = False,
+    timeout: float = 60.0,
+    metrics_address: str = "",
 ) -> Iterator[DaemonProcess]:
-    """Spawn the daemon on a simulated node with a kubelet stand-in; yields once every resource is listed."""
+    """Spawn the daemon on a simulated node with a kubelet stand-in; yields once every resource is listed.
+
+    `metrics_address` (host:port) serves /metrics there; by default the daemon serves no HTTP."""
     plans = expected_plans(node, config)
     plugin_dir = short_tmp_dir("bench")
     log_file = plugin_dir / "daemon.log"
@@ -239,7 +246,7 @@ def daemon_process(
         "--device-plugin-path",
         str(plugin_dir),
         "--metrics-address",
-        "",
+        metrics_address,
     ]
     path = config_path(config)
     if path is not None:
@@ -270,6 +277,13 @@ def daemon_process(
         log.close()
         kubelet.stop()
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the daemon binds it a moment later; nothing else here does)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _all_listed(kubelet: KubeletStandIn, names: Sequence[str]) -> bool:

@@ -22,6 +22,7 @@ class Budget:
     idle_seconds: float = 30.0
     plan_runs: int = 5
     warmup: int = 50
+    contention_seconds: float = 4.0  # Allocate sampled idle, then as long again under load
 
     def capped(self, n: int) -> Budget:
         """Every count at most n (at least 1): the smoke test's tiny mode."""
@@ -36,6 +37,7 @@ class Budget:
             idle_seconds=min(self.idle_seconds, float(n)),
             plan_runs=min(self.plan_runs, n),
             warmup=min(self.warmup, n),
+            contention_seconds=min(self.contention_seconds, float(n)),
         )
 
 
@@ -50,6 +52,7 @@ QUICK = Budget(
     idle_seconds=3.0,
     plan_runs=1,
     warmup=10,
+    contention_seconds=1.5,
 )
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.contention import metrics_storm, preferred_flood
 from bench.figures import Figure, figure, median_within, worst_under
 from bench.latency import GPU, MIG_1G, allocate_latency, preferred_latency, spread
 from bench.procs import (
@@ -358,4 +359,5 @@ SCENARIOS: dict[str, Callable[[Budget], list[Figure]]] = {
     "memory": memory,
     "idle": idle_cpu,
     "plan": plan,
+    "contention": lambda budget: [*metrics_storm(budget), *preferred_flood(budget)],
 }

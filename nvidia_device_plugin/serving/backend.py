@@ -8,7 +8,10 @@ pod, while the registry's faults are the GPU's own (first reason wins, recovery 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
@@ -19,6 +22,73 @@ from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.serving.allocate import AllocationIndex, AllocationSettings, allocate
 from nvidia_device_plugin.serving.preferred import preferred_allocation
+
+# GetPreferredAllocation is the one call whose work grows with the request (kubelet offers every free ID,
+# 5,600 on a large node). Kubelet sends one at a time; four clients looping them took the CPU Allocate
+# needed (its median 74x). So, per resource:
+# * one computation at a time; at most PREFERRED_WAITING more calls wait for their turn (holding a worker
+#   thread each, never the CPU: the other workers stay free for Allocate), each for at most
+#   PREFERRED_WAIT_S; past either bound the call is refused, naming it;
+# * after a computation of t seconds the next one starts no sooner than PREFERRED_REST x t later (at most
+#   PREFERRED_MAX_REST_S): back-to-back calls get at most a quarter of a core, and Allocate the rest. A
+#   call that finds no computation recent (kubelet's, one per pod) starts at once.
+PREFERRED_WAITING = 2
+PREFERRED_WAIT_S = 5.0
+PREFERRED_REST = 3.0
+PREFERRED_MAX_REST_S = 1.0
+
+
+class OneAtATime:
+    """One holder of turn() at a time, spaced by `rest` x the last turn's length; `waiting` more callers
+    wait up to `wait_s` seconds for theirs, others are refused."""
+
+    def __init__(
+        self,
+        what: str,
+        waiting: int,
+        wait_s: float,
+        rest: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._what = what
+        self._waiting = waiting
+        self._wait_s = wait_s
+        self._rest = rest
+        self._clock = clock
+        self._sleep = sleep
+        self._admitted = threading.BoundedSemaphore(1 + waiting)
+        self._running = threading.Lock()
+        self._rested_at = 0.0  # when the next turn may start (clock time)
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """AllocationError when the running one and `waiting` others are there already, or the wait ends."""
+        if not self._admitted.acquire(blocking=False):
+            raise AllocationError(
+                f"{self._what}: 1 computing and {self._waiting} waiting already, the most at once "
+                "(one at a time per resource; kubelet sends one at a time)"
+            )
+        try:
+            if not self._running.acquire(timeout=self._wait_s):
+                raise AllocationError(
+                    f"{self._what}: waited {self._wait_s:g} s for the one computed before it (one at a time "
+                    "per resource; kubelet sends one at a time)"
+                )
+            try:
+                resting = self._rested_at - self._clock()
+                if resting > 0:
+                    self._sleep(min(resting, PREFERRED_MAX_REST_S))
+                started = self._clock()
+                try:
+                    yield
+                finally:
+                    ended = self._clock()
+                    self._rested_at = ended + self._rest * (ended - started)
+            finally:
+                self._running.release()
+        finally:
+            self._admitted.release()
 
 
 class MpsGate(Protocol):
@@ -42,6 +112,9 @@ class GpuResourceBackend:
         self.registry = registry
         self._index = AllocationIndex(plan, inventory)
         self._mps_gate = mps_gate
+        self._preferred_turns = OneAtATime(
+            f"GetPreferredAllocation for {plan.name}", PREFERRED_WAITING, PREFERRED_WAIT_S, PREFERRED_REST
+        )
 
     def devices(self) -> Sequence[DeviceState]:
         healthy = self.registry.is_healthy
@@ -65,14 +138,15 @@ class GpuResourceBackend:
     def preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
-        return preferred_allocation(
-            self.plan,
-            self.inventory,
-            available,
-            must_include,
-            size,
-            policy=self.settings.shared_devices_allocation_policy,
-        )
+        with self._preferred_turns.turn():
+            return preferred_allocation(
+                self.plan,
+                self.inventory,
+                available,
+                must_include,
+                size,
+                policy=self.settings.shared_devices_allocation_policy,
+            )
 
     def _check_mps_ready(self, requests: Sequence[Sequence[str]]) -> None:
         assert self._mps_gate is not None

@@ -30,6 +30,7 @@ MIG devices: one GPU per request where possible, best fit
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from nvidia_device_plugin.config.v1 import SharedAllocationPolicy
@@ -72,23 +73,31 @@ def replicas_by_policy(
     chosen = list(required)
     sign = 1 if policy == "distributed" else -1
     # Affinity to the GPUs the request holds changes only when it takes a GPU it did not hold: kept up to
-    # date then, so each pick costs one pass over the groups (linear in `size`, whatever its size).
+    # date then.
     affinity = {uuid: [0, 0] for uuid in free}  # uuid -> [NVLink lanes, PCIe closeness]
     held: set[int] = set()
     for gpu in sorted({d.gpu_index for d in chosen}):
         _hold(inventory, gpu, held, affinity, gpu_of)
+
+    def rank(u: str) -> tuple[tuple[int, ...], str]:
+        return (sign * load[u], picked.get(u, 0), -affinity[u][0], -affinity[u][1], *order[u]), u
+
+    # The groups in a heap by rank: a pick changes only its own group's rank, unless it takes a GPU the
+    # request did not hold (every group's affinity changes: the heap is rebuilt, at most once per GPU).
+    # So a request of 2,800 replicas over 56 groups costs 2,800 heap steps, not 2,800 passes over the groups.
+    heap = [rank(u) for u, group in free.items() if group]
+    heapq.heapify(heap)
     for _ in range(size - len(required)):
-        ranked = (
-            ((sign * load[u], picked.get(u, 0), -affinity[u][0], -affinity[u][1], *order[u]), u)
-            for u, group in free.items()
-            if group
-        )
-        best = min(ranked)[1]
+        best = heapq.heappop(heap)[1]
         chosen.append(free[best].pop(0))
         load[best] += 1
         picked[best] = picked.get(best, 0) + 1
         if gpu_of[best] not in held:
             _hold(inventory, gpu_of[best], held, affinity, gpu_of)
+            heap = [rank(u) for u, group in free.items() if group]
+            heapq.heapify(heap)
+        elif free[best]:
+            heapq.heappush(heap, rank(best))
     return chosen
 
 

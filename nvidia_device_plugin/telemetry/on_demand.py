@@ -32,9 +32,13 @@ def probe_server(
     """/metrics, /healthz and /readyz on `address` (None when empty); `events` must count (daemon_events)."""
     if not address:
         return None
+    from nvidia_device_plugin.telemetry import probes
     from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, negotiate
-    from nvidia_device_plugin.telemetry.probes import ProbeServer
+    from nvidia_device_plugin.telemetry.scrape_bodies import ScrapeBodies
 
     if not isinstance(events, DaemonMetrics):
         raise TypeError("a probe server serves the metrics it is given: make them with counted=True")
-    return ProbeServer(address, events.render, liveness, readiness, negotiate)
+    # The server caches a render per format; ScrapeBodies makes those renders share one collection per
+    # window and the four bodies that exist, so scrapers cycling through formats cost what one does.
+    bodies = ScrapeBodies(events.registry, probes.RENDER_CACHE_S)
+    return probes.ProbeServer(address, bodies.render, liveness, readiness, negotiate)

@@ -13,7 +13,8 @@ kubelet-facing path, and nothing a client of /metrics does can fail the probes:
 * a connection silent for IDLE_TIMEOUT_S seconds (reading or writing) is closed;
 * a /metrics body is rendered at most once per RENDER_CACHE_S seconds per exposition format (the Accept
   header is reduced to the formats that exist first, by `negotiate`) and shared by every scrape in that
-  window, so eight scrapers cost what one does, however they word their Accept headers.
+  window, so eight scrapers cost what one does, however they word their Accept headers; and /metrics
+  answers are spaced SCRAPE_SPACING_S apart, all scrapers together.
 
 The answers come from callables handed in by the daemon, so this module knows nothing about GPUs.
 """
@@ -25,6 +26,7 @@ import contextlib
 import http.server
 import io
 import logging
+import re
 import socket
 import threading
 import time
@@ -44,6 +46,10 @@ HEADER_DEADLINE_S = 5.0  # for the whole request head (Prometheus and kubelet se
 MAX_HEAD_BYTES = 16 * 1024
 IDLE_TIMEOUT_S = 10.0
 RENDER_CACHE_S = 1.0
+# /metrics answers, all scrapers together, at most one per SCRAPE_SPACING_S (50 a second; Prometheus
+# scrapes every 15-30 s): each answer costs the request's parse and a thread however cheap the body is,
+# and scrapers in a loop must not take the CPU Allocate needs.
+SCRAPE_SPACING_S = 0.02
 _MAX_FORMATS = 16  # cached renders (negotiate leaves about a dozen formats)
 # serve_forever() notices shutdown() only between polls: this bounds how long stop() waits.
 _SHUTDOWN_POLL_S = 0.1
@@ -72,16 +78,35 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class _RenderCache:
-    """One render per window and format, shared by concurrent scrapes (latecomers wait for it)."""
+    """One render per window and format, shared by concurrent scrapes (latecomers wait for it); answers
+    spaced `spacing_s` apart (a scraper in a loop waits its turn, holding its slot, never the CPU)."""
 
-    def __init__(self, render: RenderMetrics, negotiate: Negotiate, ttl_s: float) -> None:
+    def __init__(
+        self,
+        render: RenderMetrics,
+        negotiate: Negotiate,
+        ttl_s: float,
+        spacing_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self._render = render
         self._negotiate = negotiate
         self._ttl_s = ttl_s
+        self._spacing_s = spacing_s
+        self._clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
+        self._pace = threading.Lock()
+        self._next_answer = 0.0
         self._cached: dict[str, tuple[float, bytes, str]] = {}
 
     def get(self, accept: str) -> tuple[bytes, str]:
+        with self._pace:
+            wait = self._next_answer - self._clock()
+            if wait > 0:
+                self._sleep(wait)
+            self._next_answer = self._clock() + self._spacing_s
         wanted = self._negotiate(accept)
         with self._lock:
             now = time.monotonic()
@@ -100,11 +125,11 @@ def read_head(sock: socket.socket, deadline: float) -> bytes | None:
     head = b""
     while b"\r\n\r\n" not in head and b"\n\n" not in head:
         left = deadline - time.monotonic()
-        if left <= 0 or len(head) > MAX_HEAD_BYTES:
+        if left <= 0 or len(head) >= MAX_HEAD_BYTES:
             return None
         sock.settimeout(min(left, IDLE_TIMEOUT_S))
         try:
-            chunk = sock.recv(4096)
+            chunk = sock.recv(min(4096, MAX_HEAD_BYTES - len(head)))  # never past the bound
         except OSError:  # a timeout, a reset, or pushed out by newer connections
             return None
         if not chunk:
@@ -116,7 +141,14 @@ def read_head(sock: socket.socket, deadline: float) -> bytes | None:
 
 def _path_of(head: bytes) -> str:
     parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
-    return urlsplit(parts[1].decode("latin-1")).path if len(parts) >= 2 else ""
+    return request_path(parts[1].decode("latin-1")) if len(parts) >= 2 else ""
+
+
+def request_path(target: str) -> str:
+    """The path of a request target, as the bounds and the answers both see it: no query, and `//healthz`
+    is `/healthz` (urlsplit would read `//healthz` as a host with an empty path)."""
+    path = target.split("?", 1)[0].split("#", 1)[0] if target.startswith("/") else urlsplit(target).path
+    return re.sub("/{2,}", "/", path)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -153,7 +185,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._answer(send_body=False)
 
     def _answer(self, send_body: bool) -> None:
-        path = urlsplit(self.path).path
+        path = request_path(self.path)
         if self.busy is not None:
             self._send(503, self.busy.encode(), "text/plain; charset=utf-8", send_body)
         elif path == "/metrics":
@@ -280,7 +312,7 @@ class ProbeServer(Worker):
     ) -> None:
         super().__init__("probes-http")
         self.address = address
-        cache = _RenderCache(render_metrics, negotiate, RENDER_CACHE_S)
+        cache = _RenderCache(render_metrics, negotiate, RENDER_CACHE_S, SCRAPE_SPACING_S)
         self._handler = _handler_class(cache, liveness, readiness)
         self._server: _Server | None = None
         self.host = ""
