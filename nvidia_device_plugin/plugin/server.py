@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.base.errors import AllocationError
+from nvidia_device_plugin.base.logs import RateLimitedLog
 from nvidia_device_plugin.plugin import protocol
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, CallError, CallMethod, PluginEvents
 from nvidia_device_plugin.plugin.streams import StreamSet
@@ -87,12 +88,13 @@ class ResourceServer:
         events: PluginEvents = NO_PLUGIN_EVENTS,
         max_workers: int = WORKERS,
         on_kubelet_stream_end: Callable[[ResourceServer, float, bool], None] | None = None,
+        stream_lines: RateLimitedLog | None = None,
     ) -> None:
         self.resource_name = resource_name
         self.socket_path = socket_path
         self._events = events
         self._on_kubelet_stream_end = on_kubelet_stream_end  # (server, seconds it lived, lost unasked)
-        self.streams = StreamSet(resource_name, self._device_list, self._kubelet_stream_ended)
+        self.streams = StreamSet(resource_name, self._device_list, self._kubelet_stream_ended, stream_lines)
         self.backend = backend
         self._unix = UnixServer(
             resource_name,
@@ -178,6 +180,7 @@ def handlers(server: ResourceServer) -> grpc.GenericRpcHandler[bytes, Message]:
 
     def options(raw: bytes, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         server.parse_or_abort(pb.Empty, raw, context, "GetDevicePluginOptions")
+        server.streams.dialled_back()
         return protocol.PLUGIN_OPTIONS
 
     def list_and_watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
