@@ -90,13 +90,17 @@ def racing_kubelet(plugin_dir: Path, stranger: Stranger) -> KubeletStandIn:
 
 
 @contextlib.contextmanager
-def late_stranger_kubelet(plugin_dir: Path, stranger: Stranger) -> Iterator[KubeletStandIn]:
-    """A stand-in whose first Register answers only after the stranger opened a stream beside kubelet's."""
+def late_stranger_kubelet(
+    plugin_dir: Path, stranger: Stranger, opened: list[bool] | None = None, count: int = 1
+) -> Iterator[KubeletStandIn]:
+    """A stand-in whose first Register answers only after the stranger tried to open `count` streams beside
+    kubelet's (whether each opened is appended to `opened`)."""
     with KubeletStandIn(plugin_dir, register_delay=scaled(1.0), node_status_interval=0.05) as kubelet:
 
         def open_beside_kubelets() -> None:
             if kubelet.wait_for_resources([RESOURCE]):  # kubelet's stream delivers: Register not answered yet
-                stranger.open_stream()
+                for _ in range(count):
+                    (opened if opened is not None else []).append(stranger.try_stream())
 
         opener = threading.Thread(target=open_beside_kubelets, name="late-stranger", daemon=True)
         opener.start()
@@ -204,3 +208,21 @@ def test_a_client_churning_streams_does_not_flood_the_log(
     assert len(about_others) <= RATE_LIMIT_BURST, about_others
     summaries = [m for m in lines if "left out" in m and RESOURCE in m]
     assert summaries, lines
+
+
+def test_streams_opened_while_registering_are_bounded(plugin_dir: Path, stranger: Stranger) -> None:
+    opened: list[bool] = []
+    with late_stranger_kubelet(plugin_dir, stranger, opened, count=4) as kubelet:
+        manager = PluginManager(plugin_dir)
+        manager.start()
+        try:
+            serve(manager)
+            assert kubelet.wait_for(manager.all_registered, timeout=scaled(10))
+            # Kubelet's and two more are kept while Register is in flight; the rest are refused at once, so
+            # the workers Allocate needs stay free.
+            assert eventually(lambda: len(opened) == 4)
+            assert opened == [True, True, False, False]
+            assert kubelet.allocate(RESOURCE, [["d1"]]).container_responses[0].envs["DEVICES"] == "d1"
+            assert kubelet.connected(RESOURCE) and kubelet.disconnects == []
+        finally:
+            manager.stop()
