@@ -4,8 +4,8 @@ The server knows nothing about GPUs: a ResourceBackend answers what devices exis
 allocate them; this module serves them as the v1beta1 DevicePlugin service (protocol.py parses and bounds
 the requests) and turns project errors into gRPC codes.
 
-ListAndWatch streams (kubelet's and at most one other, so they never take the workers Allocate needs) are
-kept by streams.py.
+ListAndWatch streams (kubelet's, a few opened while registering and at most one other, so they never take
+the workers Allocate needs) are kept by streams.py.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ M = TypeVar("M", bound=Message)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-# Worker threads per resource: kubelet's stream and MAX_OTHER_STREAMS others, the rest for unary calls.
+# Worker threads per resource: kubelet's stream, MAX_REGISTERING_STREAMS and MAX_OTHER_STREAMS others, the
+# rest for unary calls.
 WORKERS = 8
 # Calls accepted at once (running or queued for a worker); more get RESOURCE_EXHAUSTED at once instead of
 # queueing without bound, each holding up to MAX_REQUEST_BYTES.

@@ -85,7 +85,7 @@ class _PushBudget:
 
 @dataclass
 class _Registering:
-    """The streams opened while a Register was in flight or settling: kubelet's is among them."""
+    """What was opened while a Register was in flight: kubelet's stream is among the candidates."""
 
     candidates: list[int] = field(default_factory=list)  # open ones, in opening order
     ended: int = 0  # candidates that ended before the window closed
@@ -132,7 +132,8 @@ class StreamSet:
         self._open: dict[int, grpc.ServicerContext] = {}  # in opening order
         self._kubelet: int | None = None  # number of kubelet's stream
         self._kubelet_opened = 0.0
-        self._registering: _Registering | None = None  # the window of the Register in flight or settling
+        # While a Register is in flight, or answered before any stream opened.
+        self._registering: _Registering | None = None
         self._unsure: set[int] = set()  # candidates of a window that could not tell which is kubelet's
         self._missing_since: float | None = time.monotonic()
 
