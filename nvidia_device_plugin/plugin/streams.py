@@ -12,12 +12,16 @@ script that opens streams in a loop) can open streams too, also while a Register
   answer) is another client's. A candidate never ends another stream and is never ended for another's
   sake (at most MAX_REGISTERING_STREAMS at once; one more is refused). When Register returns: exactly one
   candidate, still open, and none ended or refused -> it is kubelet's. None opened yet -> the first stream
-  opened next is kubelet's (kubelet's may land just after the answer). None left open -> kubelet's stream
-  (if it came) is gone: `on_kubelet_end(0, True)`, so the manager registers again. Anything else -> the
-  plugin cannot tell which is kubelet's: the candidates stay open and protected, `missing_since` stays set
-  (so /healthz fails after the grace period) and, once all of them ended, that is taken as a lost kubelet
-  stream. (gRPC tells a unix-socket server nothing about its peer, neither credentials nor which
-  connection a call came on, so the order of calls around Register is what is left to go by.);
+  opened next is kubelet's (kubelet's may land just after the answer). But when the registration is
+  contested (another client opened a stream while it was in flight, or in the RECENT_OTHER_STREAM_S
+  before), a stranger's stream could be that first one: the window then stays open CONTESTED_SETTLE_S
+  past the answer, every stream opened until then is a candidate, and the verdict is taken when it
+  closes. None left open -> kubelet's stream (if it came) is gone: `on_kubelet_end(0, True)`, so the
+  manager registers again. Anything else -> the plugin cannot tell which is kubelet's: the candidates
+  stay open and protected, `missing_since` stays set (so /healthz fails after the grace period) and, once
+  all of them ended, that is taken as a lost kubelet stream. (gRPC tells a unix-socket server nothing
+  about its peer, neither credentials nor which connection a call came on, so the order of calls around
+  Register is what is left to go by.);
 * every stream opened outside that window is another client's: at most MAX_OTHER_STREAMS of them stay
   open, a new one past that ends the oldest of them, never kubelet's or a candidate. Each open stream holds
   one gRPC worker, so streams can never take the workers Allocate needs;
@@ -51,6 +55,12 @@ MAX_OTHER_STREAMS = 1
 # Streams opened while registering, kept open at once: kubelet's and a few strangers' that raced it. With
 # kubelet's and MAX_OTHER_STREAMS others, five of the server's eight workers at most.
 MAX_REGISTERING_STREAMS = 3
+# A registration is contested when another client opened a stream while it was in flight or this long
+# before it: then kubelet's stream, which may land just after the answer, is waited for this long after the
+# answer instead of taking the first stream that comes (a client opening streams every few milliseconds
+# would win that race about one time in three).
+CONTESTED_SETTLE_S = 0.5
+RECENT_OTHER_STREAM_S = 10.0
 # Pushes per stream: a burst at once, then one per interval at most (a flapping GPU would otherwise
 # make one push, and one kubelet checkpoint write, per health flip).
 PUSH_BURST = 20
@@ -92,6 +102,8 @@ class _Registering:
     refused: int = 0  # streams refused because MAX_REGISTERING_STREAMS were open
     dialled_back: bool = False  # GetDevicePluginOptions was asked since the Register was sent
     returned: bool = False  # Register returned OK, before any stream opened: the next one is kubelet's
+    contested: bool = False  # another client opened streams while registering (or just before)
+    closes_at: float | None = None  # contested and answered: the window closes then
 
     @property
     def opened_any(self) -> bool:
@@ -105,6 +117,7 @@ class _Verdict:
     kubelet: int | None = None
     unsure: int = 0  # candidates kept, none of which is known to be kubelet's
     lost: bool = False
+    none: bool = False  # contested, and no stream opened after kubelet dialled back
 
 
 class StreamSet:
@@ -135,6 +148,8 @@ class StreamSet:
         # While a Register is in flight, or answered before any stream opened.
         self._registering: _Registering | None = None
         self._unsure: set[int] = set()  # candidates of a window that could not tell which is kubelet's
+        self._last_other_at: float | None = None  # when another client last opened a stream
+        self._timer: threading.Timer | None = None  # closes a contested window when it is due
         self._missing_since: float | None = time.monotonic()
 
     # ---- what the server and the manager call ------------------------------------------------------
@@ -149,7 +164,10 @@ class StreamSet:
         with self._changed:
             self._stopping = True
             self._registering = None  # a registration window ends with the streams it was about
+            timer, self._timer = self._timer, None
             self._changed.notify_all()
+        if timer is not None:
+            timer.cancel()
         if self._own_lines:
             self._lines.cleanup()
 
@@ -166,7 +184,7 @@ class StreamSet:
             # Streams of an earlier window that could not be told apart become others: a new registration
             # replaces kubelet's client of them.
             self._unsure.clear()
-            self._registering = _Registering() if expected else None
+            self._registering = _Registering(contested=self._others_recently()) if expected else None
             if expected and self._kubelet is None:
                 self._missing_since = time.monotonic()
             # Registrations that failed (a Register timing out while kubelet opened its stream each time)
@@ -180,7 +198,10 @@ class StreamSet:
         with self._changed:
             window = self._registering
             verdict = None
-            if window is not None and window.opened_any:
+            if window is not None and window.contested:
+                window.closes_at = time.monotonic() + CONTESTED_SETTLE_S
+                self._schedule(window)
+            elif window is not None and window.opened_any:
                 verdict = self._close(window)
             elif window is not None:
                 window.returned = True
@@ -207,6 +228,7 @@ class StreamSet:
 
     def open(self, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         with self._changed:
+            verdict = self._close_if_due()
             self._numbers += 1
             number = self._numbers
             role = self._admit(number)
@@ -214,6 +236,7 @@ class StreamSet:
                 self._open[number] = context
             evicted = self._trim_others() if role == "other" else []
             self._changed.notify_all()
+        self._act(verdict)
         if role == "kubelet":
             log.info("ListAndWatch stream opened for %s (kubelet's)", self._resource)
             return self._stream(number, context)
@@ -308,7 +331,10 @@ class StreamSet:
         (opened while registering, after kubelet dialled back), "refused" (past MAX_REGISTERING_STREAMS of
         those) or "other"."""
         window = self._registering
-        if window is None or not (window.dialled_back or window.returned):
+        if window is None or not (window.dialled_back or window.returned or window.closes_at is not None):
+            self._last_other_at = time.monotonic()
+            if window is not None:
+                window.contested = True
             return "other"
         if window.returned:
             self._registering = None
@@ -327,6 +353,31 @@ class StreamSet:
         others = [n for n in self._open if n not in protected]
         return [self._open.pop(n) for n in others[: max(0, len(others) - MAX_OTHER_STREAMS)]]
 
+    def _others_recently(self) -> bool:
+        at = self._last_other_at
+        return at is not None and time.monotonic() - at < RECENT_OTHER_STREAM_S
+
+    def _schedule(self, window: _Registering) -> None:
+        """Close the contested `window` when it is due, should no stream open to close it sooner."""
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = 0.0 if window.closes_at is None else max(0.0, window.closes_at - time.monotonic())
+        self._timer = threading.Timer(delay, self._settle, (window,))
+        self._timer.name = f"streams-settle-{self._resource}"
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _settle(self, window: _Registering) -> None:
+        with self._changed:
+            verdict = self._close_if_due() if self._registering is window else None
+        self._act(verdict)
+
+    def _close_if_due(self) -> _Verdict | None:
+        window = self._registering
+        if window is None or window.closes_at is None or time.monotonic() < window.closes_at:
+            return None
+        return self._close(window)
+
     def _close(self, window: _Registering) -> _Verdict:
         """The verdict on the registration window: Register returned, and streams opened meanwhile."""
         self._registering = None
@@ -337,7 +388,7 @@ class StreamSet:
             self._kubelet, self._kubelet_opened, self._missing_since = open_now[0], time.monotonic(), None
             return _Verdict(kubelet=open_now[0])
         if not open_now:
-            return _Verdict(lost=True)
+            return _Verdict(lost=True) if window.ended or window.refused else _Verdict(none=True)
         self._unsure = set(open_now)
         return _Verdict(unsure=len(open_now))
 
@@ -356,6 +407,13 @@ class StreamSet:
                 "another's sake, and /healthz fails if this lasts",
                 verdict.unsure,
                 self._resource,
+            )
+        elif verdict.none:
+            log.warning(
+                "kubelet opened no ListAndWatch stream of %s within %gs of answering Register while another "
+                "client opened streams; /healthz fails if none is known to be kubelet's",
+                self._resource,
+                CONTESTED_SETTLE_S,
             )
         elif verdict.lost:
             log.warning("no ListAndWatch stream of %s that may be kubelet's is open any more", self._resource)

@@ -226,3 +226,54 @@ def test_streams_opened_while_registering_are_bounded(plugin_dir: Path, stranger
             assert kubelet.connected(RESOURCE) and kubelet.disconnects == []
         finally:
             manager.stop()
+
+
+@pytest.mark.parametrize("restarts", [3])
+def test_a_client_opening_streams_every_few_ms_across_kubelet_restarts_never_takes_kubelets_place(
+    plugin_dir: Path, restarts: int
+) -> None:
+    # The field's case: a stream every few milliseconds, each on its own connection and read, while kubelet
+    # restarts. Kubelet's stream may land just after its answer to Register, so a stranger's can come first
+    # either side of the answer; kubelet must keep its stream every time.
+    channels: list[grpc.Channel] = []
+    stop = threading.Event()
+
+    def open_streams() -> None:
+        while not stop.wait(0.003):
+            channel = grpc.insecure_channel(f"unix:{plugin_dir / SOCKET}")
+            channels.append(channel)
+            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
+            threading.Thread(target=_drain, args=(stream,), daemon=True).start()
+
+    with KubeletStandIn(plugin_dir, node_status_interval=0.05) as kubelet:
+        manager = PluginManager(plugin_dir, stream_grace_seconds=0.2)
+        manager.start()
+        opener = threading.Thread(target=open_streams, name="stream-opener", daemon=True)
+        try:
+            serve(manager)
+            assert kubelet.wait_for_resources([RESOURCE])
+            opener.start()
+            for n in range(restarts):
+                kubelet.restart()
+                assert kubelet.wait_for_resources([RESOURCE]), f"not back after restart {n + 1}"
+                disconnects = len(kubelet.disconnects)
+                assert kubelet.wait_for_ticks(2)
+                assert not kubelet.wait_for(
+                    lambda d=disconnects: len(kubelet.disconnects) > d, timeout=1.0
+                ), f"kubelet lost its stream after restart {n + 1}"
+                assert kubelet.node_status(RESOURCE)[1] == len(DEVICES)
+            # Whichever stream is kubelet's is either known or said to be unknown, never wrongly taken.
+            assert eventually(lambda: manager.health() is None or "cannot tell" in (manager.health() or ""))
+        finally:
+            stop.set()
+            if opener.is_alive() or opener.ident is not None:
+                opener.join()
+            manager.stop()
+            for channel in channels:
+                channel.close()
+
+
+def _drain(stream: Iterator[pb.ListAndWatchResponse]) -> None:
+    with contextlib.suppress(grpc.RpcError, ValueError):
+        for _ in stream:
+            pass
