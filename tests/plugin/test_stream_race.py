@@ -235,14 +235,13 @@ def test_a_client_opening_streams_every_few_ms_across_kubelet_restarts_never_tak
     # The field's case: a stream every few milliseconds, each on its own connection and read, while kubelet
     # restarts. Kubelet's stream may land just after its answer to Register, so a stranger's can come first
     # either side of the answer; kubelet must keep its stream every time.
-    channels: list[grpc.Channel] = []
+    channel = grpc.insecure_channel(f"unix:{plugin_dir / SOCKET}")  # reconnects after each restart
+    stub = pb_grpc.DevicePluginStub(channel)
     stop = threading.Event()
 
     def open_streams() -> None:
-        while not stop.wait(0.003):
-            channel = grpc.insecure_channel(f"unix:{plugin_dir / SOCKET}")
-            channels.append(channel)
-            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
+        while not stop.wait(0.005):
+            stream = stub.ListAndWatch(pb.Empty())
             threading.Thread(target=_drain, args=(stream,), daemon=True).start()
 
     with KubeletStandIn(plugin_dir, node_status_interval=0.05) as kubelet:
@@ -261,16 +260,17 @@ def test_a_client_opening_streams_every_few_ms_across_kubelet_restarts_never_tak
                 assert not kubelet.wait_for(
                     lambda d=disconnects: len(kubelet.disconnects) > d, timeout=1.0
                 ), f"kubelet lost its stream after restart {n + 1}"
-                assert kubelet.node_status(RESOURCE)[1] == len(DEVICES)
+                assert kubelet.node_status(RESOURCE)[1] == len(DEVICES), f"devices lost after restart {n + 1}"
             # Whichever stream is kubelet's is either known or said to be unknown, never wrongly taken.
-            assert eventually(lambda: manager.health() is None or "cannot tell" in (manager.health() or ""))
+            assert eventually(
+                lambda: manager.health() is None or "cannot tell" in (manager.health() or "")
+            ), manager.health()
         finally:
             stop.set()
             if opener.is_alive() or opener.ident is not None:
                 opener.join()
             manager.stop()
-            for channel in channels:
-                channel.close()
+            channel.close()
 
 
 def _drain(stream: Iterator[pb.ListAndWatchResponse]) -> None:
