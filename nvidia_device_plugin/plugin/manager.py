@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.base.logs import FailureLog, RateLimitedLog
 from nvidia_device_plugin.plugin.dirwatch import WATCH_FAILURE, DirectoryWatch
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, PluginEvents
 from nvidia_device_plugin.plugin.registrar import (
@@ -32,6 +32,7 @@ from nvidia_device_plugin.plugin.registrar import (
 from nvidia_device_plugin.plugin.registration import REGISTER_TIMEOUT_SECONDS
 from nvidia_device_plugin.plugin.registration_state import Backoff, RegistrationState
 from nvidia_device_plugin.plugin.server import ResourceBackend, ResourceServer
+from nvidia_device_plugin.plugin.streams import log as streams_log
 from nvidia_device_plugin.plugin.unix_server import BindError
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,9 @@ class PluginManager:
         )
         self._failures = FailureLog(log)
         self._registrar: Registrar | None = None
+        # The lines about other clients' ListAndWatch streams, limited per resource; a fresh one per start(),
+        # as a worker runs once (the servers made meanwhile are all stopped and forgotten by stop()).
+        self._stream_lines = RateLimitedLog(streams_log, name="plugin-stream-lines")
         self._watch = DirectoryWatch(
             plugin_dir, self._on_path_event, self._state.kubelet_restarted, self._failures
         )
@@ -94,6 +98,8 @@ class PluginManager:
                 WATCH_FAILURE, f"cannot create device-plugin directory {self.plugin_dir}: {exc}"
             )
         self._watch.keep()
+        if not self._stream_lines.started:
+            self._stream_lines.start()
         self._start_registrar()
         if not self.kubelet_socket.exists():
             waiting_for_kubelet(self._failures, self.kubelet_socket)
@@ -118,6 +124,11 @@ class PluginManager:
             for server in servers:
                 server.stop()
                 log.info("stopped serving %s", server.resource_name)
+        lines, self._stream_lines = (
+            self._stream_lines,
+            RateLimitedLog(streams_log, name="plugin-stream-lines"),
+        )
+        lines.stop()
 
     def health(self) -> str | None:
         """None when the registrar runs and every served resource is registered; else why not."""
@@ -128,7 +139,9 @@ class PluginManager:
             return problem
         missing, registered = self._state.unregistered()
         if not missing:
-            return self._unwatched([(n, s.streams.missing_since()) for n, s in registered.items()])
+            return self._unwatched(
+                [(n, s.streams.missing_since(), s.streams.unsure()) for n, s in registered.items()]
+            )
         reasons = [
             self._failures.reason(f"bind:{n}") or self._failures.reason(f"register:{n}") for n in missing
         ]
@@ -136,15 +149,23 @@ class PluginManager:
         detail = next((r for r in reasons if r), None) or waiting or "registration in progress"
         return f"not registered with kubelet: {', '.join(missing)} ({detail})"
 
-    def _unwatched(self, since: list[tuple[str, float | None]]) -> str | None:
-        """Registered resources without a kubelet stream for longer than the grace period, said as such."""
+    def _unwatched(self, since: list[tuple[str, float | None, bool]]) -> str | None:
+        """Registered resources without a stream known to be kubelet's for longer than the grace period
+        (none open, or several opened while registering that cannot be told apart), said as such."""
         now = time.monotonic()
-        late = [n for n, t in since if t is not None and now - t > self._stream_grace]
+        late = [(n, unsure) for n, t, unsure in since if t is not None and now - t > self._stream_grace]
         if not late:
             return None
+        names = ", ".join(n for n, _ in late)
+        if any(unsure for _, unsure in late):
+            return (
+                f"cannot tell whether kubelet holds a ListAndWatch stream of {names} for over "
+                f"{self._stream_grace:g}s although registered: another client opened streams while the "
+                "plugin registered, so kubelet may not see its devices"
+            )
         have = "has" if len(late) == 1 else "have"
         return (
-            f"{', '.join(late)} {have} had no ListAndWatch stream from kubelet for over "
+            f"{names} {have} had no ListAndWatch stream from kubelet for over "
             f"{self._stream_grace:g}s although registered; kubelet does not see its devices"
         )
 
@@ -182,7 +203,12 @@ class PluginManager:
             self._state.forget(name)
             self._forget_failures(name)
         server = ResourceServer(
-            name, socket_path, spec.backend, events=self._events, on_kubelet_stream_end=self._stream_ended
+            name,
+            socket_path,
+            spec.backend,
+            events=self._events,
+            on_kubelet_stream_end=self._stream_ended,
+            stream_lines=self._stream_lines,
         )
         bound = self._bind(server)
         self._state.want(name, server, bound)

@@ -178,6 +178,7 @@ class Registrar(Worker):
                     f"register:{name}", f"registering {name} with kubelet failed, will retry: {exc}"
                 )
             return False
+        server.streams.registered()
         return True
 
     def _accepted(self, registration: Registration[ResourceServer], kubelet_inode: int) -> None:

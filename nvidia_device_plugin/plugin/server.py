@@ -4,8 +4,8 @@ The server knows nothing about GPUs: a ResourceBackend answers what devices exis
 allocate them; this module serves them as the v1beta1 DevicePlugin service (protocol.py parses and bounds
 the requests) and turns project errors into gRPC codes.
 
-ListAndWatch streams (kubelet's and at most one other, so they never take the workers Allocate needs) are
-kept by streams.py.
+ListAndWatch streams (kubelet's, a few opened while registering and at most one other, so they never take
+the workers Allocate needs) are kept by streams.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.base.errors import AllocationError
+from nvidia_device_plugin.base.logs import RateLimitedLog
 from nvidia_device_plugin.plugin import protocol
 from nvidia_device_plugin.plugin.events import NO_PLUGIN_EVENTS, CallError, CallMethod, PluginEvents
 from nvidia_device_plugin.plugin.streams import StreamSet
@@ -34,7 +35,8 @@ M = TypeVar("M", bound=Message)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-# Worker threads per resource: kubelet's stream and MAX_OTHER_STREAMS others, the rest for unary calls.
+# Worker threads per resource: kubelet's stream, MAX_REGISTERING_STREAMS and MAX_OTHER_STREAMS others, the
+# rest for unary calls.
 WORKERS = 8
 # Calls accepted at once (running or queued for a worker); more get RESOURCE_EXHAUSTED at once instead of
 # queueing without bound, each holding up to MAX_REQUEST_BYTES.
@@ -87,12 +89,13 @@ class ResourceServer:
         events: PluginEvents = NO_PLUGIN_EVENTS,
         max_workers: int = WORKERS,
         on_kubelet_stream_end: Callable[[ResourceServer, float, bool], None] | None = None,
+        stream_lines: RateLimitedLog | None = None,
     ) -> None:
         self.resource_name = resource_name
         self.socket_path = socket_path
         self._events = events
         self._on_kubelet_stream_end = on_kubelet_stream_end  # (server, seconds it lived, lost unasked)
-        self.streams = StreamSet(resource_name, self._device_list, self._kubelet_stream_ended)
+        self.streams = StreamSet(resource_name, self._device_list, self._kubelet_stream_ended, stream_lines)
         self.backend = backend
         self._unix = UnixServer(
             resource_name,
@@ -178,6 +181,7 @@ def handlers(server: ResourceServer) -> grpc.GenericRpcHandler[bytes, Message]:
 
     def options(raw: bytes, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         server.parse_or_abort(pb.Empty, raw, context, "GetDevicePluginOptions")
+        server.streams.dialled_back()
         return protocol.PLUGIN_OPTIONS
 
     def list_and_watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
