@@ -31,6 +31,9 @@ CONFIGS = {
     "single": "version: v1\nflags: {migStrategy: single}\n",
     "time-slicing": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
     "    resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
+    "time-slicing-in-place": "version: v1\nsharing:\n  timeSlicing:\n"
+    "    resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
+    "mps": "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
     "renamed": "version: v1\nflags: {resourceNaming: true}\n"  # v0.20 ignores renames without it
     'resources:\n  gpus: [{pattern: "*H100*", name: h100}]\n',
 }
@@ -195,10 +198,15 @@ def test_renamed_resources_get_their_own_class() -> None:
     assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
 
 
-def test_mps_resources_get_no_class() -> None:
+def test_mps_resources_get_a_class_whose_devices_are_unshared() -> None:
     text = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
-    classes = _classes(plan("dgx-a100", text))
-    assert sorted(classes) == ["gpu.nvidia.com", "mig.nvidia.com"]
+    result = plan("dgx-a100", text)
+    classes = _classes(result)
+    assert sorted(classes) == ["gpu.nvidia.com", "gpu.shared.nvidia.com", "mig.nvidia.com"]
+    assert classes["gpu.shared.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["gpu.nvidia.com"]
+    # MPS through DRA is not done: each claim gets a device of its own, never a GPU without MPS's limits
+    assert all(attribute(d, "sharing") == "none" and "shares" not in d["capacity"] for d in devices(result))
 
 
 def test_taints_halve_the_slice_size() -> None:
