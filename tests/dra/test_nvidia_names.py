@@ -7,6 +7,7 @@ engines."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +85,27 @@ def test_mig_names_stay_valid_with_time_sliced_mig_devices(preset: str) -> None:
     )
     result = plan(preset, text)
     assert validate_objects([*result.slices, *result.classes]) == len(result.slices) + len(result.classes)
+
+
+def test_a_time_sliced_full_gpu_mig_device_stays_within_the_apis_32_attributes_and_capacities(
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "node.yaml"
+    gpu = "  - {name: NVIDIA A100-SXM4-80GB, memory_mib: 81920, numa_node: 0, mig: [7g.80gb], pci_bus_id: %s}"
+    node.write_text(
+        'driver_version: "550.54.15"\ncuda_driver_version: 12040\ngpus:\n'
+        + "\n".join(gpu % bus for bus in ('"00000000:07:00.0"', '"00000000:0F:00.0"'))
+        + "\nnvlinks:\n  - [0, 1, 12]\n"
+    )
+    unshared = _migs(plan(str(node), "flags: {migStrategy: mixed}\n"))
+    assert all(len(d["attributes"]) + len(d["capacity"]) == 32 for d in unshared)  # 8 memory slices fit
+    assert "memorySlice7" in unshared[0]["capacity"]
+    text = (
+        "flags: {migStrategy: mixed}\n"
+        "sharing: {timeSlicing: {resources: [{name: nvidia.com/mig-7g.80gb, replicas: 2}]}}\n"
+    )
+    result = plan(str(node), text)
+    shared = _migs(result)
+    assert shared and all("shares" in d["capacity"] for d in shared)
+    assert not any(n.startswith("memorySlice") for d in shared for n in d["capacity"])  # the name says where
+    assert validate_objects(result.slices) == len(result.slices)
