@@ -64,7 +64,7 @@ def _default_home(plans: Sequence[ResourcePlan]) -> str | None:
     """Which of NVIDIA's classes serves `nvidia.com/gpu`: where it is unshared, `mig.nvidia.com` when it
     is MIG devices only, else `gpu.nvidia.com`; None where it is shared (a class of its own) or not
     advertised."""
-    default = next((p for p in plans if p.name == DEFAULT_GPU_RESOURCE and p.devices), None)
+    default = next((p for p in plans if p.name == DEFAULT_GPU_RESOURCE), None)
     if default is None or sharing_mode(default.sharing).shares_devices:
         return None
     return MIG_CLASS if {d.kind for d in default.devices} == {"mig"} else DRIVER_NAME
@@ -87,7 +87,7 @@ def device_classes(plans: Sequence[ResourcePlan]) -> list[Json]:
         ),
     }
     for plan in plans:
-        if not plan.devices or not sharing_mode(plan.sharing).dra_class:
+        if not sharing_mode(plan.sharing).dra_class:
             continue
         if plan.name == DEFAULT_GPU_RESOURCE and home is not None:
             continue

@@ -41,7 +41,7 @@ def plan_and_names(preset: str, text: str) -> tuple[DryRun, set[str]]:
         )
     finally:
         session.close()
-    return dry_run(snapshot, "n"), {p.name for p in snapshot.plans if p.devices}
+    return dry_run(snapshot, "n"), {p.name for p in snapshot.plans}
 
 
 def _devices(result: DryRun) -> list[dict[str, Any]]:
