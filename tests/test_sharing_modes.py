@@ -79,10 +79,10 @@ def test_time_slicing_and_mps_advertise_replicas() -> None:
     assert [m.shares_devices for m in (NO_SHARING, TIME_SLICING, MPS)] == [False, True, True]
 
 
-def test_dra_publishes_time_slicing_shareable_and_mps_unshared_without_a_class() -> None:
+def test_dra_publishes_time_slicing_shareable_and_mps_unshared_with_a_class() -> None:
     assert [m.dra_shareable for m in (NO_SHARING, TIME_SLICING, MPS)] == [False, True, False]
     assert [m.dra_attribute for m in (NO_SHARING, TIME_SLICING, MPS)] == ["none", "time-slicing", "none"]
-    assert [m.dra_class for m in (NO_SHARING, TIME_SLICING, MPS)] == [True, True, False]
+    assert [m.dra_class for m in (NO_SHARING, TIME_SLICING, MPS)] == [True, True, True]
 
 
 def test_only_the_none_mig_strategy_advertises_mig_gpus_whole() -> None:

@@ -32,9 +32,11 @@ class SharingModeFacts:
     one_gpu_per_request: bool  # a container's replicas come from one GPU (it has one MPS pipe per resource)
     shares_mig_devices: bool  # MIG devices may be shared this way (NVIDIA refuses MPS on MIG)
     replicas_at_most: int | None  # per device, where the mode itself has a bound
-    dra_class: bool  # DRA gets a DeviceClass for its resources (MPS through DRA is not done)
+    dra_class: bool  # DRA gets a DeviceClass for its resources (serving them by extendedResourceName)
     dra_shareable: bool  # DRA publishes its devices once, shareable, with a `shares` capacity
-    dra_attribute: SharingMode  # the DRA `sharing` attribute of its devices (MPS ones are published unshared)
+    # The DRA `sharing` attribute of its devices: MPS ones are published unshared, as MPS through DRA is not
+    # done (the kubelet plugin starts no MPS daemon), so its class gives one device per claim.
+    dra_attribute: SharingMode
 
 
 NO_SHARING: Final = SharingModeFacts(
@@ -69,7 +71,7 @@ MPS: Final = SharingModeFacts(
     one_gpu_per_request=True,
     shares_mig_devices=False,
     replicas_at_most=MPS_MAX_CLIENTS_PER_GPU,
-    dra_class=False,
+    dra_class=True,
     dra_shareable=False,
     dra_attribute="none",
 )

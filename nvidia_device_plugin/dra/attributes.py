@@ -22,6 +22,9 @@ from nvidia_device_plugin.dra.values import semver
 from nvidia_device_plugin.nvml.pci import sysfs_pci_name
 
 STANDARD = "resource.kubernetes.io"
+# The API server refuses a device with more attributes and capacities than this, and with it its slice.
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+_MEMORY_SLICE = "memorySlice"
 
 __all__ = ["STANDARD", "Json", "device_entry"]
 
@@ -82,4 +85,14 @@ def device_entry(
             },
         }
         capacity["memory"]["requestPolicy"] = {"default": "0", "validRange": {"min": "0"}}
+    _fit_api_limit(attributes, capacity)
     return entry
+
+
+def _fit_api_limit(attributes: Json, capacity: Json) -> None:
+    """Leave out a MIG device's `memorySlice<N>` capacities where they would take it past the API's limit (a
+    time-sliced 7g.80gb: 17 attributes, 7 capacities, 8 memory slices and `shares`): they only repeat
+    where it sits, which its name says (`-<placement start>`) and its profile's size implies."""
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        for name in [n for n in capacity if n.startswith(_MEMORY_SLICE)]:
+            del capacity[name]

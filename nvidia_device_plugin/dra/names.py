@@ -1,9 +1,9 @@
 """The one place DRA device names are made and resolved: names as NVIDIA's DRA driver publishes them.
 
 Each kind of device names its own (dra/kinds/: a whole GPU is `gpu-<minor>`, a static MIG device
-`gpu-<parent minor>-mig-<GI profile ID>-<placement start>-<placement size>`); this module says which kinds
-this node publishes and in what order. Both the slices (what is published) and the kubelet plugin (what a
-claim's result names) read this module, so the two never disagree.
+`gpu-<parent minor>-mig-<profile without dots>-<GI profile ID>-<placement start>`); this module says which
+kinds this node publishes and in what order. Both the slices (what is published) and the kubelet plugin
+(what a claim's result names) read this module, so the two never disagree.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import SharingMode
+from nvidia_device_plugin.dra.kinds import DraDevice
 from nvidia_device_plugin.plans.resources import ResourcePlan
 
 
@@ -39,3 +40,15 @@ def plugin_views(plans: Sequence[ResourcePlan]) -> dict[str, PluginView]:
                 ),
             )
     return views
+
+
+def view_of(device: DraDevice, views: dict[str, PluginView]) -> PluginView | None:
+    """`device`'s view: its own, or, for a MIG device of a GPU the device plugin hands out whole (MIG
+    strategy `none`), its GPU's resource name, unshared: DRA publishes such a GPU as its MIG devices, and
+    the class serving that name must select them (dra/classes.py); each is one device, never more replicas
+    than the device plugin gave the whole GPU."""
+    own = views.get(device.uuid)
+    if own is not None or device.mig is None:
+        return own
+    parent = views.get(device.gpu.uuid)
+    return PluginView(parent.resource, "none", 1) if parent is not None else None

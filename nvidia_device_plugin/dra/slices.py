@@ -15,7 +15,7 @@ from typing import Any
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.attributes import Json, device_entry
 from nvidia_device_plugin.dra.names import DRIVER_NAME, published_devices
-from nvidia_device_plugin.dra.sharing import plugin_views
+from nvidia_device_plugin.dra.sharing import plugin_views, view_of
 from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.dra.topology import nvlink_domains, pcie_switches
 from nvidia_device_plugin.plans.resources import ResourcePlan
@@ -38,7 +38,7 @@ def node_devices(
     for device in published_devices(inventory).values():
         if device.gpu.uuid not in owned:
             continue
-        entry = device_entry(device, inventory, topology, views.get(device.uuid))
+        entry = device_entry(device, inventory, topology, view_of(device, views))
         device_taints = taints.taints(device) if taints is not None else []
         if device_taints:
             entry["taints"] = [t.to_json() for t in device_taints]

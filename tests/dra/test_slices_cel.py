@@ -122,16 +122,17 @@ def test_the_generated_classes_select_exactly_their_devices() -> None:
     migs = selected(_class_expression(mixed, "mig.nvidia.com"), devices)
     assert len(migs) == 13 and all("-mig-" in n for n in migs)
     assert selected(_class_expression(mixed, "mig-3g.40gb.nvidia.com"), devices) == [
-        "gpu-1-mig-102-4-4",
-        "gpu-2-mig-102-0-4",
-        "gpu-2-mig-102-4-4",
+        "gpu-1-mig-3g40gb-102-4",
+        "gpu-2-mig-3g40gb-102-0",
+        "gpu-2-mig-3g40gb-102-4",
     ]
     shared = plan(
         "dgx-a100",
         "sharing: {timeSlicing: {renameByDefault: true, resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n",
     )
     assert len(selected(_class_expression(shared, "gpu.shared.nvidia.com"), _devices(shared))) == 8
-    assert selected(_class_expression(shared, "gpu.nvidia.com"), _devices(shared)) == []
+    # NVIDIA's class selects time-sliced GPUs too (a whole-GPU claim asks for all their shares)
+    assert len(selected(_class_expression(shared, "gpu.nvidia.com"), _devices(shared))) == 8
 
 
 def _doc_expressions() -> list[str]:

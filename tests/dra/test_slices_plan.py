@@ -31,6 +31,9 @@ CONFIGS = {
     "single": "version: v1\nflags: {migStrategy: single}\n",
     "time-slicing": "version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n"
     "    resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
+    "time-slicing-in-place": "version: v1\nsharing:\n  timeSlicing:\n"
+    "    resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
+    "mps": "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 4}]\n",
     "renamed": "version: v1\nflags: {resourceNaming: true}\n"  # v0.20 ignores renames without it
     'resources:\n  gpus: [{pattern: "*H100*", name: h100}]\n',
 }
@@ -94,19 +97,20 @@ def test_static_mig_devices_are_named_by_profile_and_placement_with_their_parent
     by_name = {d["name"]: d for d in devices(result)}
     # GPU 1: 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb placed at 4, 0, 2, 3 (the simulator's IDs are profile + 100)
     assert [n for n in by_name if n.startswith("gpu-1-")] == [
-        "gpu-1-mig-102-4-4",
-        "gpu-1-mig-101-0-2",
-        "gpu-1-mig-100-2-1",
-        "gpu-1-mig-100-3-1",
+        "gpu-1-mig-3g40gb-102-4",
+        "gpu-1-mig-2g20gb-101-0",
+        "gpu-1-mig-1g10gb-100-2",
+        "gpu-1-mig-1g10gb-100-3",
     ]
-    mig = by_name["gpu-1-mig-102-4-4"]
+    mig = by_name["gpu-1-mig-3g40gb-102-4"]
     assert attribute(mig, "type") == "mig" and attribute(mig, "profile") == "3g.40gb"
-    assert attribute(mig, "parentUUID") == attribute(by_name["gpu-1-mig-100-2-1"], "parentUUID")
+    assert attribute(mig, "parentUUID") == attribute(by_name["gpu-1-mig-1g10gb-100-2"], "parentUUID")
     assert str(attribute(mig, "uuid")).startswith("MIG-")
     assert attribute(mig, "productName") == "NVIDIA A100-SXM4-80GB"
     assert attribute(mig, "resourceName") == "nvidia.com/mig-3g.40gb"
     assert set(mig["capacity"]) == {
         "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines", "memory",
+        "memorySlice4", "memorySlice5", "memorySlice6", "memorySlice7",
     }  # fmt: skip
     assert mig["capacity"]["multiprocessors"] == {"value": "42"}
     assert "gpu-1" not in by_name  # a GPU in MIG mode is its MIG devices
@@ -194,10 +198,15 @@ def test_renamed_resources_get_their_own_class() -> None:
     assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
 
 
-def test_mps_resources_get_no_class() -> None:
+def test_mps_resources_get_a_class_whose_devices_are_unshared() -> None:
     text = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
-    classes = _classes(plan("dgx-a100", text))
-    assert sorted(classes) == ["gpu.nvidia.com", "mig.nvidia.com"]
+    result = plan("dgx-a100", text)
+    classes = _classes(result)
+    assert sorted(classes) == ["gpu.nvidia.com", "gpu.shared.nvidia.com", "mig.nvidia.com"]
+    assert classes["gpu.shared.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["gpu.nvidia.com"]
+    # MPS through DRA is not done: each claim gets a device of its own, never a GPU without MPS's limits
+    assert all(attribute(d, "sharing") == "none" and "shares" not in d["capacity"] for d in devices(result))
 
 
 def test_taints_halve_the_slice_size() -> None:

@@ -286,7 +286,7 @@ def simulated_node(preset: str, config: Config | None = None) -> tuple[NvmlSessi
     devices = dict(whole_gpus(snapshot.inventory))
     for gpu in snapshot.inventory.gpus:
         for mig in gpu.mig_devices:
-            name = mig_device_name(gpu, mig.profile_id or 0, mig.gpu_instance_id, 1)
+            name = mig_device_name(gpu, mig.profile, mig.profile_id or 0, mig.gpu_instance_id)
             devices[name] = DraDevice(name, gpu, mig, MIG)
     cdi = CdiSettings.from_config(snapshot.config)
     return session, NodeDevices(devices, snapshot.inventory, session.host, cdi)
