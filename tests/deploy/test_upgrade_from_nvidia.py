@@ -270,3 +270,21 @@ def test_the_chart_installs_on_every_kubernetes_nvidias_does(kube_version: str) 
 def test_the_chart_refuses_kubernetes_older_than_the_device_plugin_api() -> None:
     with pytest.raises(HelmFailure, match=r"kubeVersion|Kubernetes version"):
         _install(str(CHART), "{}", "1.9")
+
+
+def test_notes_warn_when_nvidias_image_repository_meets_our_tag() -> None:
+    """NVIDIA's values name nvcr.io/nvidia/k8s-device-plugin; with this chart's appVersion as tag that image
+    does not exist, and the pods would sit in ImagePullBackOff."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    nvidia_image = yaml.safe_load((NVIDIA / "values.yaml").read_text())["image"]
+    notes = _ours({"image": {**nvidia_image, "tag": ""}}).notes
+    assert f"nvcr.io/nvidia/k8s-device-plugin:{chart['appVersion']} does not exist" in notes
+    assert "does not exist" not in _ours({"image": {**nvidia_image, "tag": "v0.20.0"}}).notes
+    assert "does not exist" not in _ours({}).notes
+
+
+def test_notes_say_when_the_cluster_does_not_serve_dra() -> None:
+    """DRA is gated on the API, not on kubeVersion: the install goes on; NOTES says what is missing."""
+    notes = _ours({"dra": {"enabled": True}}).notes  # the stand-in API serves no resource.k8s.io
+    assert "does not serve resource.k8s.io/v1" in notes
+    assert "resource.k8s.io" not in _ours({}).notes
