@@ -66,6 +66,10 @@ CASES: dict[str, dict[str, Any]] = {
     "migStrategy=mixed": {"migStrategy": "mixed"},
     "devicePlugin.enabled=false": {"devicePlugin": {"enabled": False}},
     "devicePlugin.enabled=false,gfd.enabled": {"devicePlugin": {"enabled": False}, "gfd": {"enabled": True}},
+    "componentSelectorLabels.enabled": {
+        "componentSelectorLabels": {"enabled": True},
+        "gfd": {"enabled": True},
+    },
 }
 
 
@@ -108,12 +112,18 @@ def _nvidia_objects(values: dict[str, Any]) -> list[dict[str, Any]]:
     """NVIDIA's v0.20 workloads and ConfigMap (kind, name, namespace, selector), and its NFD objects."""
     selector = {"app.kubernetes.io/name": "nvidia-device-plugin", "app.kubernetes.io/instance": RELEASE}
     plugin = values.get("devicePlugin", {}).get("enabled", True)
-    names = []
+    components = []
     if plugin:  # daemonset-device-plugin.yml and daemonset-mps-control-daemon.yml: if devicePlugin.enabled
-        names += [FULLNAME, f"{FULLNAME}-mps-control-daemon"]
+        components += ["device-plugin", "mps-control-daemon"]
     if values.get("gfd", {}).get("enabled", False):  # daemonset-gfd.yml: all three share one selector
-        names.append(f"{FULLNAME}-gpu-feature-discovery")
-    objects = [_object("DaemonSet", name, {"matchLabels": selector}) for name in names]
+        components.append("gpu-feature-discovery")
+    objects = []
+    for component in components:
+        name = FULLNAME if component == "device-plugin" else f"{FULLNAME}-{component}"
+        labels = dict(selector)
+        if values.get("componentSelectorLabels", {}).get("enabled", False):  # the component, in all three
+            labels["app.kubernetes.io/component"] = component
+        objects.append(_object("DaemonSet", name, {"matchLabels": labels}))
     if values.get("config", {}).get("map"):  # configmap.yml: the embedded configs, <fullname>-configs
         objects.append(_object("ConfigMap", f"{FULLNAME}-configs", None))
     return objects + _nvidia_nfd(values)

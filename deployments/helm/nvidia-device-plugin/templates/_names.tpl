@@ -53,6 +53,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* The selector of a DaemonSet of the release (plugin, GFD, MPS control daemon): NVIDIA's, the plugin's for all
+three, with the component added when componentSelectorLabels.enabled (NVIDIA's switch, off by default because a
+selector cannot change on an existing DaemonSet). */}}
+{{- define "nvdp.daemonSetSelector" -}}
+{{ include "nvdp.selectorLabels" .root }}
+{{- if .root.Values.componentSelectorLabels.enabled }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end -}}
+
 {{/* Pod labels of a DaemonSet of the release: the selector's (NVIDIA's, shared by the plugin, GFD and MPS
 DaemonSets, as NVIDIA's chart has them: a DaemonSet's selector cannot change, so an upgrade from NVIDIA's release
 must keep it) and the component, which tells the three apart (Service, NetworkPolicy, kubectl -l). */}}
