@@ -36,7 +36,11 @@ API_RESOURCES: dict[tuple[str, str], list[tuple[str, str, bool]]] = {
         ("serviceaccounts", "ServiceAccount", True),
         ("secrets", "Secret", True),
     ],
-    ("apps", "v1"): [("daemonsets", "DaemonSet", True)],
+    ("apps", "v1"): [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)],
+    ("batch", "v1"): [("jobs", "Job", True)],
+    ("policy", "v1"): [("poddisruptionbudgets", "PodDisruptionBudget", True)],
+    # Node Feature Discovery's subchart brings its CRDs (crds/), which Helm creates before the release.
+    ("apiextensions.k8s.io", "v1"): [("customresourcedefinitions", "CustomResourceDefinition", False)],
     ("rbac.authorization.k8s.io", "v1"): [
         ("clusterroles", "ClusterRole", False),
         ("clusterrolebindings", "ClusterRoleBinding", False),

@@ -16,9 +16,14 @@ import sys
 from pathlib import Path
 
 import yaml
-from helm_engine import install
 
 ROOT = Path(__file__).resolve().parents[2]
+# Run as a script (`make manifests`), tests/ is not on the path that helm_engine's `support` import needs.
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+from helm_engine import install  # noqa: E402
+
 CHART = ROOT / "deployments" / "helm" / "nvidia-device-plugin"
 PRESETS = ROOT / "deployments" / "helm" / "presets"
 MANIFESTS = ROOT / "manifests"

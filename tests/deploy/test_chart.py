@@ -62,7 +62,16 @@ def _install(values: dict[str, Any], namespace: str = "nvidia-device-plugin") ->
 
 
 def _of(release: Release, kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in release.documents() if d["kind"] == kind}
+    """This chart's own objects of `kind` by name: not its Node Feature Discovery subchart's (alias nfd)."""
+    return {
+        d["metadata"]["name"]: d
+        for d in release.documents()
+        if d["kind"] == kind and not _from_nfd_subchart(d)
+    }
+
+
+def _from_nfd_subchart(doc: dict[str, Any]) -> bool:
+    return str(doc["metadata"].get("labels", {}).get("helm.sh/chart", "")).startswith("nfd-")
 
 
 def _pod(release: Release, daemonset: str = "nvidia-device-plugin") -> dict[str, Any]:
@@ -102,7 +111,11 @@ def test_helm_lint_finds_no_warning_or_error() -> None:
 def test_helm_creates_exactly_what_it_rendered(case: str) -> None:
     release = _install(_values(case))
     rendered = sorted((d["kind"], d["metadata"]["name"]) for d in release.documents())
-    created = sorted((d["kind"], d["metadata"]["name"]) for d in release.created)
+    # Helm creates a subchart's crds/ (Node Feature Discovery's, with gfd or nfd enabled) before the release's
+    # objects, and keeps them out of the release manifest.
+    crds = [d for d in release.created if d["kind"] == "CustomResourceDefinition"]
+    assert all(d["spec"]["group"] == "nfd.k8s-sigs.io" for d in crds)
+    created = sorted((d["kind"], d["metadata"]["name"]) for d in release.created if d not in crds)
     assert rendered and created == rendered
     assert ("DaemonSet", "nvidia-device-plugin") in rendered
 
@@ -167,9 +180,16 @@ def test_the_plugin_reads_the_config_the_install_gives_it(case: str, tmp_path: P
 
 def test_nvidias_defaults_install_the_plugin_alone_with_its_defaults(tmp_path: Path) -> None:
     release = _install(_values("nvidia/values.yaml"))
-    assert set(_of(release, "DaemonSet")) == {"nvidia-device-plugin"}
+    # The MPS control daemon is rendered as NVIDIA's is, for nodes labelled nvidia.com/mps.capable=true.
+    assert set(_of(release, "DaemonSet")) == {
+        "nvidia-device-plugin",
+        "nvidia-device-plugin-mps-control-daemon",
+    }
+    assert _pod(release, "nvidia-device-plugin-mps-control-daemon")["nodeSelector"] == {
+        "nvidia.com/mps.capable": "true"
+    }
     assert not _of(release, "ConfigMap") and not _of(release, "ClusterRole")
-    assert list(_of(release, "NetworkPolicy")) == ["nvidia-device-plugin-metrics"], "on by default (issue 23)"
+    assert not _of(release, "NetworkPolicy"), "opt-in (issue 31): it would refuse every Prometheus but one"
     container = _container(release)
     assert _env(container) == {
         "MPS_ROOT": "/run/nvidia/mps",
@@ -279,7 +299,9 @@ def test_nvidias_flags_become_their_environment_variables(tmp_path: Path) -> Non
     assert config.flags.mig_strategy == "mixed"
     assert config.flags.plugin.pass_device_specs is True and config.flags.fail_on_init_error is False
     assert "nvidia-device-plugin-gpu-feature-discovery" in _of(release, "DaemonSet")
-    assert "does not install Node Feature Discovery" in release.notes
+    # gfd.enabled installs Node Feature Discovery, as NVIDIA's chart (its subchart, alias nfd).
+    nfd = {(d["kind"], d["metadata"]["name"]) for d in release.documents() if _from_nfd_subchart(d)}
+    assert ("DaemonSet", "nvidia-device-plugin-node-feature-discovery-worker") in nfd
 
 
 def test_gfd_runs_this_images_gpu_feature_discovery() -> None:

@@ -42,6 +42,7 @@ MPS_KUSTOMIZATIONS = {"overlays/mps", "overlays/node-labels"}
 MIG_KUSTOMIZATIONS = {"overlays/mig", "overlays/node-labels"}
 PLUGIN_CONTAINER = "nvidia-device-plugin-ctr"
 CONFIG_MAP = "nvidia-device-plugin-configs"
+PROMETHEUS = "overlays/prometheus-operator"
 
 
 def _kubectl() -> str:
@@ -77,6 +78,11 @@ def _one(kind: str, kustomization: str = "manifests") -> dict[str, Any]:
 
 def _by_kind(kind: str, kustomization: str = "manifests") -> dict[str, dict[str, Any]]:
     return {doc["metadata"]["name"]: doc for doc in _documents(kustomization) if doc["kind"] == kind}
+
+
+def _plugin_daemonset(kustomization: str = "manifests") -> dict[str, Any]:
+    """The plugin's DaemonSet (every preset also has the MPS control daemon's, as NVIDIA's chart)."""
+    return _by_kind("DaemonSet", kustomization)["nvidia-device-plugin"]
 
 
 PLUGIN_DAEMONSET = "nvidia-device-plugin"
@@ -352,9 +358,12 @@ def test_metrics_port_probes_service_and_network_policy_agree() -> None:
     [service_port] = service["spec"]["ports"]
     assert service_port["port"] == port and _named_port(service_port["targetPort"]) == port
     assert service["metadata"]["annotations"]["prometheus.io/port"] == str(port)
-    template_labels = _one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    template_labels = _plugin_daemonset()["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= template_labels.items()
-    [policy] = _by_kind("NetworkPolicy").values()  # in the base: on by default
+    assert not _by_kind("NetworkPolicy"), "opt-in (issue 31): not in the base"
+    # The preset that knows where Prometheus runs turns it on.
+    template_labels = _plugin_daemonset(PROMETHEUS)["spec"]["template"]["metadata"]["labels"]
+    [policy] = _by_kind("NetworkPolicy", PROMETHEUS).values()
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= template_labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     [rule] = policy["spec"]["ingress"]
@@ -363,7 +372,7 @@ def test_metrics_port_probes_service_and_network_policy_agree() -> None:
 
 
 def test_daemonset_scheduling_and_updates() -> None:
-    daemonset = _one("DaemonSet")
+    daemonset = _plugin_daemonset()
     pod = daemonset["spec"]["template"]["spec"]
     assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     assert pod["priorityClassName"] == "system-node-critical"
@@ -381,7 +390,8 @@ def test_daemonset_scheduling_and_updates() -> None:
         "nvidia.com/gpu.present",
     }
     resources = _container()["resources"]
-    assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
+    assert resources["requests"]["cpu"] and resources["requests"]["memory"]
+    assert "limits" not in resources, "no limit unless set, as NVIDIA's chart (issue 31)"
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)

@@ -53,18 +53,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* The plugin pods' labels: the selector's and the component. */}}
-{{- define "nvdp.podLabels" -}}
-{{ include "nvdp.selectorLabels" . }}
-app.kubernetes.io/component: device-plugin
+{{/* The selector of a DaemonSet of the release (plugin, GFD, MPS control daemon): NVIDIA's, the plugin's for all
+three, with the component added when componentSelectorLabels.enabled (NVIDIA's switch, off by default because a
+selector cannot change on an existing DaemonSet). */}}
+{{- define "nvdp.daemonSetSelector" -}}
+{{ include "nvdp.selectorLabels" .root }}
+{{- if .root.Values.componentSelectorLabels.enabled }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
 {{- end -}}
 
-{{/* Selector of another DaemonSet of the release (component: mps-control-daemon, gpu-feature-discovery): a name
-of its own, so that the plugin's selector never matches its pods. */}}
-{{- define "nvdp.componentSelectorLabels" -}}
-app.kubernetes.io/name: {{ printf "%s-%s" (include "nvdp.name" .root) .component | trunc 63 | trimSuffix "-" }}
-app.kubernetes.io/instance: {{ .root.Release.Name }}
+{{/* Pod labels of a DaemonSet of the release: the selector's (NVIDIA's, shared by the plugin, GFD and MPS
+DaemonSets, as NVIDIA's chart has them: a DaemonSet's selector cannot change, so an upgrade from NVIDIA's release
+must keep it) and the component, which tells the three apart (Service, NetworkPolicy, kubectl -l). */}}
+{{- define "nvdp.componentPodLabels" -}}
+{{ include "nvdp.selectorLabels" .root }}
 app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The plugin pods' labels. */}}
+{{- define "nvdp.podLabels" -}}
+{{ include "nvdp.componentPodLabels" (dict "root" . "component" "device-plugin") }}
 {{- end -}}
 
 {{/* The one image of every container: repository:tag, tag defaulting to appVersion; a sha256: tag is a digest. */}}

@@ -1,25 +1,32 @@
 {{/* ---- pieces of the pod spec every DaemonSet shares ---------------------------------------------------------- */}}
 
 {{- define "nvdp.podScheduling" -}}
-{{- with .Values.priorityClassName }}
+{{- include "nvdp.podSchedulingWith" (dict "root" . "nodeSelector" dict) -}}
+{{- end -}}
+
+{{/* The pod's scheduling, with nodeSelector's labels added to .Values.nodeSelector. */}}
+{{- define "nvdp.podSchedulingWith" -}}
+{{- $root := .root -}}
+{{- $nodeSelector := merge (deepCopy .nodeSelector) (default dict $root.Values.nodeSelector) -}}
+{{- with $root.Values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .Values.runtimeClassName }}
+{{- with $root.Values.runtimeClassName }}
 runtimeClassName: {{ . }}
 {{- end }}
-{{- with .Values.imagePullSecrets }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.nodeSelector }}
+{{- with $nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.affinity }}
+{{- with $root.Values.affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.tolerations }}
+{{- with $root.Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}

@@ -42,7 +42,9 @@ capabilities:
 requests:
   cpu: {{ .cpu }}
   memory: {{ .memory }}
+{{- with .limit }}
 limits:
-  memory: {{ .limit }}
+  memory: {{ . }}
+{{- end }}
 {{- end -}}
 {{- end -}}
