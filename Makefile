@@ -60,7 +60,7 @@ soak: $(STAMP)
 # manifests/ from the Helm chart: each preset in deployments/helm/presets rendered by the real Helm engine.
 # `make test` fails while the committed files and the chart disagree (tests/deploy/test_chart.py).
 manifests: $(STAMP)
-	$(BIN)/python tests/deploy/render_manifests.py
+	PYTHONPATH=tests $(BIN)/python tests/deploy/render_manifests.py
 
 # Image builds. IMAGE: the repository to tag (and, for image-multiarch, push to), the chart's image.repository
 # default; BASE_IMAGE: the Dockerfile's base (pin it by digest, then pass that digest as BASE_DIGEST, recorded in
