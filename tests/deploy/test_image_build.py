@@ -178,7 +178,8 @@ def test_every_pin_has_a_sha256_for_pip_require_hashes() -> None:
 
 def test_the_build_tools_are_pinned_and_satisfy_the_build_system() -> None:
     tools = _pins(BUILD_LOCK)
-    assert set(tools) == {"pip", "setuptools", "wheel"}
+    # packaging is wheel's dependency: pip --require-hashes needs the tools' whole closure pinned.
+    assert set(tools) == {"pip", "setuptools", "wheel", "packaging"}
     assert tuple(int(p) for p in tools["pip"].split(".")[:2]) >= (22, 3), "pip --python needs pip >= 22.3"
     pyproject = (ROOT / "pyproject.toml").read_text()
     requires = re.search(r"^requires = \[(.*?)\]", pyproject, re.MULTILINE)
