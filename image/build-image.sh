@@ -13,7 +13,7 @@ tag=${1:?usage: image/build-image.sh TAG [ARCH]}
 arch=${2:-}
 : "${BASE_IMAGE:?BASE_IMAGE names the base to build on}"
 RUNTIME=${RUNTIME:-runc}
-base_digest=${BASE_DIGEST-$(podman image inspect --format '{{.Digest}}' "$BASE_IMAGE" 2> /dev/null || true)}
+base_digest=${BASE_DIGEST:-$(podman image inspect --format '{{.Digest}}' "$BASE_IMAGE" 2> /dev/null || true)}
 
 ca_file=${PIP_CA_FILE:-}
 cleanup=""

@@ -101,7 +101,11 @@ def main(argv: list[str]) -> int:
             plain.write_text("".join(f"{n}=={v}\n" for n, v in pins(text)))
             files = Path(work) / "files"
             files.mkdir()
-            download(plain, files)
+            try:
+                download(plain, files)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+                print(f"{path}: left as it was: pip download failed ({error})", file=sys.stderr)
+                return 1
             path.write_text(rewrite(text, file_hashes(files)))
         print(f"{path}: {len(pins(text))} pins hashed")
     return 0

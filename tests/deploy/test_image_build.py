@@ -6,10 +6,13 @@ test that build it. `make image-test` (tests/deploy/test_image.py) builds and ru
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
@@ -237,3 +240,34 @@ def test_the_image_test_builds_without_cache_on_runc() -> None:
     assert "apt-get install" in script and "image/make-base.sh" in script
     for tool in ("podman", "buildah", "mmdebstrap", "runc"):
         assert tool in script.split("missing=()")[1].split("\n")[1]
+
+
+def _hash_lock() -> ModuleType:
+    """image/hash_lock.py, which writes the locks' hashes (image/ is no package)."""
+    spec = importlib.util.spec_from_file_location("hash_lock", ROOT / "image" / "hash_lock.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hash_lock_puts_each_pins_hashes_under_it_and_keeps_the_comments() -> None:
+    hash_lock = _hash_lock()
+    text = "# why\nPyYAML==6.0.3 \\\n    --hash=sha256:old\nidna==3.20\n"
+    assert hash_lock.pins(text) == [("PyYAML", "6.0.3"), ("idna", "3.20")]
+    written = hash_lock.rewrite(text, {"pyyaml": {"b" * 64, "a" * 64}, "idna": {"c" * 64}})
+    assert written == (
+        f"# why\nPyYAML==6.0.3 \\\n    --hash=sha256:{'a' * 64} \\\n    --hash=sha256:{'b' * 64}\n"
+        f"idna==3.20 \\\n    --hash=sha256:{'c' * 64}\n"
+    )
+    assert hash_lock.rewrite(written, {"pyyaml": {"a" * 64, "b" * 64}, "idna": {"c" * 64}}) == written
+    assert hash_lock._project_of("PyYAML-6.0.3-cp311-cp311-manylinux_2_17_x86_64.whl") == "pyyaml"
+    with pytest.raises(SystemExit, match=r"no file downloaded for idna==3.20"):
+        hash_lock.rewrite(text, {"pyyaml": {"a" * 64}})
+
+
+def test_the_committed_locks_are_what_hash_lock_writes() -> None:
+    hash_lock = _hash_lock()
+    for lock in (LOCK, BUILD_LOCK):
+        text = lock.read_text()
+        assert hash_lock.rewrite(text, {n: set(h) for n, h in _hashes(lock).items()}) == text, lock.name
