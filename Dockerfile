@@ -24,7 +24,7 @@
 #                         proxy, a private index): --build-arg PIP_CA_BUNDLE="$(cat corp-ca.pem)"
 # These four are used in the builder stage only; the runtime stage declares none of them, so neither an index
 # URL (which may hold a token) nor a CA appears in the image or its history.
-# python:3.12-slim-bookworm (the multi-platform index, amd64 and arm64), pinned by digest.
+# python:3.12-slim-bookworm pinned by digest (the tag's multi-platform index: amd64 and arm64 resolve from it).
 ARG BASE_IMAGE=python:3.12-slim-bookworm@sha256:782412e85d0f0984994c290652577d4018aff08145c85b262bb63dc0c7522254
 ARG BASE_DIGEST=sha256:782412e85d0f0984994c290652577d4018aff08145c85b262bb63dc0c7522254
 

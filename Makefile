@@ -21,11 +21,13 @@ demo: $(STAMP)
 	$(BIN)/nvidia-device-plugin demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check nvidia_device_plugin tests bench
-	$(BIN)/ruff format --check nvidia_device_plugin tests bench
+	$(BIN)/ruff check nvidia_device_plugin tests bench image
+	$(BIN)/ruff format --check nvidia_device_plugin tests bench image
 
+# image/*.py: the release's scripts (not part of the package, so not in [tool.mypy] files).
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy image/release.py image/hash_lock.py
 
 # The suite is CPU-bound: one pytest worker per core (pytest-xdist). Its tests make many small files and
 # the CDI writer fsyncs its specs, which cost ten times more on an ext4 /tmp than on a tmpfs: where
