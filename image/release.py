@@ -30,7 +30,10 @@ class ReleaseError(Exception):
 def package_chart(chart: Path, dist: Path) -> Path:
     """`helm package CHART -d DIST`, through helm-sdkpy (Helm's Go library): the archive Helm itself makes,
     `<name>-<version>.tgz` with the chart under `<name>/`, `.helmignore` respected."""
-    import helm_sdkpy as helm  # type: ignore[import-untyped]  # imported here: only `chart` needs Helm
+    try:
+        import helm_sdkpy as helm  # type: ignore[import-untyped]  # imported here: only `chart` needs Helm
+    except ImportError as error:
+        raise ReleaseError(f"no helm-sdkpy ({error}): needs Python >= 3.12, the test extras") from error
 
     if not (chart / "Chart.yaml").is_file():
         raise ReleaseError(f"{chart} is not a chart: no Chart.yaml")
