@@ -9,18 +9,24 @@
 #
 # Build arguments, none of which needs an edit of this file:
 #   BASE_IMAGE            the base of both stages: any Debian-like image with python3 (>= 3.11) and its venv
-#                         module. The default is Docker Hub's; where no public registry is reachable, make one
-#                         locally as `make image-test` does (image/make-base.sh) and pass its name.
-#                         PIN IT BY DIGEST FOR PRODUCTION: `docker buildx imagetools inspect <image>` prints
-#                         "Digest: sha256:<64 hex>"; pass BASE_IMAGE=<image>@sha256:<digest> and the same
-#                         BASE_DIGEST=sha256:<digest> (recorded in the org.opencontainers.image.base.digest label).
+#                         module. The default is Docker Hub's python:3.12-slim-bookworm pinned by its digest
+#                         (below); where no public registry is reachable, make one locally as `make image-test`
+#                         does (image/make-base.sh) and pass its name. To move the pin: `skopeo inspect
+#                         docker://python:3.12-slim-bookworm` (or `docker buildx imagetools inspect`) prints the
+#                         index digest; set it here and in BASE_DIGEST below, together.
+#   BASE_DIGEST           the base's digest, recorded in the org.opencontainers.image.base.digest label; pass
+#                         the matching one (or "") with another BASE_IMAGE.
+#   VENDOR, MAINTAINER, RELEASE   the OpenShift labels (vendor, maintainer, release): whoever builds and ships
+#                         the image sets them to themselves and their build number.
 #   PIP_INDEX             a package index to use instead of PyPI (a mirror, a private index)
 #   PIP_EXTRA_INDEX       a second index pip also reads
 #   PIP_CA_BUNDLE         PEM text of CA certificates pip must trust besides the base's (a TLS-intercepting
 #                         proxy, a private index): --build-arg PIP_CA_BUNDLE="$(cat corp-ca.pem)"
 # These four are used in the builder stage only; the runtime stage declares none of them, so neither an index
 # URL (which may hold a token) nor a CA appears in the image or its history.
-ARG BASE_IMAGE=python:3.12-slim-bookworm
+# python:3.12-slim-bookworm pinned by digest (the tag's multi-platform index: amd64 and arm64 resolve from it).
+ARG BASE_IMAGE=python:3.12-slim-bookworm@sha256:782412e85d0f0984994c290652577d4018aff08145c85b262bb63dc0c7522254
+ARG BASE_DIGEST=sha256:782412e85d0f0984994c290652577d4018aff08145c85b262bb63dc0c7522254
 
 FROM ${BASE_IMAGE} AS builder
 ARG PIP_INDEX=""
@@ -35,6 +41,8 @@ COPY pyproject.toml setup.cfg README.md LICENSE ./
 COPY nvidia_device_plugin ./nvidia_device_plugin
 # /opt/build: the build tools. /opt/venv: created without pip; the build tools' pip installs into it
 # (--python), --no-deps from the lock, and the check below fails the build if anything is missing or unpinned.
+# --require-hashes: every file pip takes from an index must have one of the lock's sha256 (image/hash_lock.py
+# writes them); the project's own wheel, built just above, is installed from the local file (--no-index).
 RUN set -eu; \
     if [ -n "$PIP_CA_BUNDLE" ]; then \
         cat /etc/ssl/certs/ca-certificates.crt > /tmp/ca.pem 2>/dev/null || true; \
@@ -44,15 +52,17 @@ RUN set -eu; \
     if [ -n "$PIP_INDEX" ]; then export PIP_INDEX_URL="$PIP_INDEX"; fi; \
     if [ -n "$PIP_EXTRA_INDEX" ]; then export PIP_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX"; fi; \
     python3 -m venv /opt/build; \
-    /opt/build/bin/python -m pip install --quiet --no-compile -r image/build-requirements.lock; \
+    /opt/build/bin/python -m pip install --quiet --no-compile --require-hashes -r image/build-requirements.lock; \
     /opt/build/bin/python -m pip wheel --quiet --no-build-isolation --no-deps --wheel-dir /tmp/wheels .; \
     python3 -m venv --without-pip /opt/venv; \
     /opt/build/bin/python -m pip --python /opt/venv/bin/python install --quiet --no-compile --no-deps \
-        -r image/requirements.lock /tmp/wheels/nvidia_device_plugin-*.whl; \
+        --require-hashes -r image/requirements.lock; \
+    /opt/build/bin/python -m pip --python /opt/venv/bin/python install --quiet --no-compile --no-deps \
+        --no-index /tmp/wheels/nvidia_device_plugin-*.whl; \
     /opt/build/bin/python -m pip --python /opt/venv/bin/python check; \
     /opt/build/bin/python -m pip --python /opt/venv/bin/python freeze --exclude nvidia-device-plugin \
         | sort > /tmp/installed; \
-    grep -v '^#' image/requirements.lock | sort > /tmp/locked; \
+    sed -n 's/^\([A-Za-z0-9][^ =]*==[^ ]*\).*/\1/p' image/requirements.lock | sort > /tmp/locked; \
     if ! cmp -s /tmp/installed /tmp/locked; then \
         echo "the venv is not image/requirements.lock:"; diff /tmp/locked /tmp/installed; exit 1; \
     fi; \
@@ -65,19 +75,43 @@ FROM ${BASE_IMAGE} AS runtime
 # ARGs declared before the first FROM are not visible inside a stage unless declared again here; without
 # this, the base.name label below would be empty.
 ARG BASE_IMAGE
-ARG BASE_DIGEST=""
+ARG BASE_DIGEST
 ARG VERSION=dev
 ARG REVISION=unknown
 # The repository URL; `make image` passes `git remote get-url origin`.
 ARG SOURCE=""
+ARG VENDOR="nvidia-device-plugin-py maintainers"
+ARG MAINTAINER="nvidia-device-plugin-py maintainers"
+ARG RELEASE="1"
+# The OCI labels, and those OpenShift (and its certification) reads, as NVIDIA's image carries them: name,
+# vendor, version, release, summary, description, io.k8s.display-name, io.k8s.description, maintainer.
 LABEL org.opencontainers.image.title="nvidia-device-plugin-py" \
       org.opencontainers.image.description="Kubernetes device plugin for NVIDIA GPUs (whole GPUs, time-slicing, MPS, MIG), compatible with NVIDIA's version: v1 config, with config-manager" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.vendor="${VENDOR}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
-      org.opencontainers.image.base.digest="${BASE_DIGEST}"
+      org.opencontainers.image.base.digest="${BASE_DIGEST}" \
+      name="nvidia-device-plugin-py" \
+      vendor="${VENDOR}" \
+      version="${VERSION}" \
+      release="${RELEASE}" \
+      summary="Kubernetes device plugin for NVIDIA GPUs (Python)" \
+      description="Advertises NVIDIA GPUs to kubelet (whole GPUs, time-slicing, MPS, MIG, CDI, DRA), with config-manager and gpu-feature-discovery; takes NVIDIA's k8s-device-plugin v0.20 config" \
+      io.k8s.display-name="NVIDIA Device Plugin (Python)" \
+      io.k8s.description="Advertises NVIDIA GPUs to kubelet (whole GPUs, time-slicing, MPS, MIG, CDI, DRA), with config-manager and gpu-feature-discovery; takes NVIDIA's k8s-device-plugin v0.20 config" \
+      maintainer="${MAINTAINER}"
+# kmod (lsmod): the GPU Operator's device-plugin entrypoint runs `lsmod` to detect the GDS (nvidia_fs) and
+# GDRCopy (gdrdrv) modules. The only thing the runtime stage runs; the apt lists and logs are removed with it.
+RUN set -eu; \
+    if ! command -v lsmod > /dev/null; then \
+        apt-get update -qq; \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kmod > /dev/null; \
+        rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log; \
+    fi; \
+    command -v lsmod > /dev/null
 # PROMETHEUS_DISABLE_CREATED_SERIES: prometheus_client would add a `_created` series next to every counter;
 # scrapers do not need them. NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES ask the NVIDIA container
 # runtime (or its CDI hook) to inject the driver library (libnvidia-ml.so.1), the MPS control binary and the

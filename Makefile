@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit proto bench soak manifests image image-multiarch image-test clean
+.PHONY: demo test lint typecheck unit proto bench soak manifests image image-multiarch image-test release clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,13 @@ demo: $(STAMP)
 	$(BIN)/nvidia-device-plugin demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check nvidia_device_plugin tests bench
-	$(BIN)/ruff format --check nvidia_device_plugin tests bench
+	$(BIN)/ruff check nvidia_device_plugin tests bench image
+	$(BIN)/ruff format --check nvidia_device_plugin tests bench image
 
+# image/*.py: the release's scripts (not part of the package, so not in [tool.mypy] files).
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy image/release.py image/hash_lock.py
 
 # The suite is CPU-bound: one pytest worker per core (pytest-xdist). Its tests make many small files and
 # the CDI writer fsyncs its specs, which cost ten times more on an ext4 /tmp than on a tmpfs: where
@@ -60,12 +62,13 @@ soak: $(STAMP)
 # manifests/ from the Helm chart: each preset in deployments/helm/presets rendered by the real Helm engine.
 # `make test` fails while the committed files and the chart disagree (tests/deploy/test_chart.py).
 manifests: $(STAMP)
-	$(BIN)/python tests/deploy/render_manifests.py
+	PYTHONPATH=tests $(BIN)/python tests/deploy/render_manifests.py
 
 # Image builds. IMAGE: the repository to tag (and, for image-multiarch, push to), the chart's image.repository
-# default; BASE_IMAGE: the Dockerfile's base (pin it by digest, then pass that digest as BASE_DIGEST, recorded in
-# the org.opencontainers.image.base.digest label); PIP_INDEX, PIP_EXTRA_INDEX: package indexes; PIP_CA_FILE: a
-# PEM file of CAs pip must trust (a TLS-intercepting proxy, a private index). All optional.
+# default; BASE_IMAGE: another base than the Dockerfile's digest-pinned default (pin it by digest too, and pass
+# that digest as BASE_DIGEST, recorded in the org.opencontainers.image.base.digest label); PIP_INDEX,
+# PIP_EXTRA_INDEX: package indexes; PIP_CA_FILE: a PEM file of CAs pip must trust (a TLS-intercepting proxy, a
+# private index). All optional.
 IMAGE ?= registry.example.com/gpu/nvidia-device-plugin-py
 PLATFORMS ?= linux/amd64,linux/arm64
 BASE_IMAGE ?=
@@ -77,7 +80,7 @@ VERSION = $$(sed -n 's/^__version__ = "\(.*\)"/\1/p' nvidia_device_plugin/__init
 REVISION = $$(git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE = $$(git remote get-url origin 2>/dev/null || echo "")
 IMAGE_ARGS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
-	--build-arg BASE_DIGEST=$(BASE_DIGEST) $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg BASE_DIGEST=$(BASE_DIGEST)) \
 	$(if $(PIP_INDEX),--build-arg PIP_INDEX=$(PIP_INDEX)) \
 	$(if $(PIP_EXTRA_INDEX),--build-arg PIP_EXTRA_INDEX=$(PIP_EXTRA_INDEX)) \
 	$(if $(PIP_CA_FILE),--build-arg PIP_CA_BUNDLE="$$(cat $(PIP_CA_FILE))")
@@ -97,6 +100,16 @@ image-multiarch:
 image-test: $(STAMP)
 	PYTHON=$(BIN)/python BASE_IMAGE=$(BASE_IMAGE) PIP_INDEX=$(PIP_INDEX) PIP_EXTRA_INDEX=$(PIP_EXTRA_INDEX) \
 		PIP_CA_FILE=$(PIP_CA_FILE) image/image-test.sh
+
+# The release, in dist/: the packaged chart (nvidia-device-plugin-$(VERSION).tgz), the image as OCI archives for
+# linux/amd64 and linux/arm64 (nvidia-device-plugin-py-$(VERSION)-linux-<arch>.oci.tar; arm64 needs QEMU binfmt
+# on an amd64 host, else it is skipped, saying so), a CycloneDX SBOM of each image's Python environment
+# (.cdx.json) and SHA256SUMS; image/release.sh. REUSE_IMAGE: an image `make image-test` built from this commit,
+# reused for this machine's architecture (.ci/run passes it). docs/operations.md, "Releasing and mirroring".
+REUSE_IMAGE ?=
+release: $(STAMP)
+	PYTHON=$(BIN)/python IMAGE=$(IMAGE) DIST=dist BASE_IMAGE=$(BASE_IMAGE) REUSE_IMAGE=$(REUSE_IMAGE) \
+		PIP_INDEX=$(PIP_INDEX) PIP_EXTRA_INDEX=$(PIP_EXTRA_INDEX) PIP_CA_FILE=$(PIP_CA_FILE) image/release.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

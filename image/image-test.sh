@@ -2,13 +2,12 @@
 # `make image-test`: build the image with a real engine and run it under the DaemonSet's security context.
 #   1. podman, buildah, mmdebstrap and runc from Debian (apt-get) if any is missing;
 #   2. the base made locally (image/make-base.sh: no container registry needed);
-#   3. the image built with buildah --no-cache (buildah 1.28 reuses cached layers across changed build-args);
+#   3. the image built with buildah --no-cache (image/build-image.sh, which `make release` builds with too);
 #   4. tests/deploy/test_image.py run against it (kubelet stand-in, --simulate, no GPU).
 # Each step is bounded and a failure names the step. Measurements land in $REPORT (default
 # build/image-test.json): image size, start-to-registered, kubelet-restart-to-registered, SIGTERM-to-exit.
 # Environment: PYTHON (the test venv's python), IMAGE_TAG, BASE_IMAGE (skip step 2 with your own base),
-# PIP_INDEX / PIP_EXTRA_INDEX / PIP_CA_FILE (passed to the build; PIP_CA_FILE defaults to this host's extra
-# CAs in /usr/local/share/ca-certificates, which a TLS-intercepting proxy needs).
+# PIP_INDEX / PIP_EXTRA_INDEX / PIP_CA_FILE (passed to the build, image/build-image.sh says how).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,21 +37,11 @@ if [ -z "${BASE_IMAGE:-}" ]; then
     bounded 600 "making the base with mmdebstrap" image/make-base.sh "$BASE_IMAGE"
 fi
 
-ca_file=${PIP_CA_FILE:-}
-if [ -z "$ca_file" ] && compgen -G '/usr/local/share/ca-certificates/*.crt' > /dev/null; then
-    ca_file=$(mktemp); cat /usr/local/share/ca-certificates/*.crt > "$ca_file"
-fi
 version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' nvidia_device_plugin/__init__.py)
 step "building $IMAGE_TAG (version $version) on $BASE_IMAGE"
 started=$(date +%s)
-bounded 600 "buildah bud" buildah bud --quiet --no-cache --layers=false --runtime "$RUNTIME" --network host \
-    --build-arg BASE_IMAGE="$BASE_IMAGE" \
-    --build-arg VERSION="$version" \
-    --build-arg REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
-    ${PIP_INDEX:+--build-arg PIP_INDEX="$PIP_INDEX"} \
-    ${PIP_EXTRA_INDEX:+--build-arg PIP_EXTRA_INDEX="$PIP_EXTRA_INDEX"} \
-    ${ca_file:+--build-arg PIP_CA_BUNDLE="$(cat "$ca_file")"} \
-    --tag "$IMAGE_TAG" . > /dev/null
+export RUNTIME BASE_IMAGE
+bounded 600 "buildah bud (image/build-image.sh)" image/build-image.sh "$IMAGE_TAG"
 echo "built in $(( $(date +%s) - started )) s, $(podman image inspect --format '{{.Size}}' "$IMAGE_TAG") bytes"
 
 step "running $IMAGE_TAG against the kubelet stand-in"

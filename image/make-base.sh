@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make the image's base locally, with no container registry: a minimal Debian root filesystem with python3,
-# its venv module and `python`, made by mmdebstrap from Debian's archive and imported into podman.
+# its venv module, `python` and kmod (so the Dockerfile need not apt-get it), made by mmdebstrap from
+# Debian's archive and imported into podman.
 #   image/make-base.sh [NAME]      (default localhost/nvdp-base:<suite>; SUITE defaults to this host's)
 # Reused while an image of that name exists (delete it with `podman rmi NAME` to make it anew).
 set -euo pipefail
@@ -16,9 +17,9 @@ if podman image exists "$name"; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "making base $name: Debian $suite with python3, python3-venv, python-is-python3"
+echo "making base $name: Debian $suite with python3, python3-venv, python-is-python3, kmod"
 mmdebstrap --quiet --variant=minbase --format=tar \
-    --include=python3,python3-venv,python-is-python3,ca-certificates \
+    --include=python3,python3-venv,python-is-python3,ca-certificates,kmod \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
     "$suite" "$work/rootfs.tar" \

@@ -1,3 +1,3 @@
 """Kubernetes device plugin for NVIDIA GPUs: whole GPUs, time-slicing, MPS and MIG."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -160,11 +160,13 @@ def _wait(plugin: Running, condition: Any, what: str, timeout: float = 60) -> fl
 
 def test_the_image_is_this_version_with_no_build_tools_left() -> None:
     labels = json.loads(_podman("image", "inspect", "--format", "{{json .Labels}}", IMAGE).stdout)
-    assert labels["org.opencontainers.image.version"] == __version__
+    assert labels["org.opencontainers.image.version"] == labels["version"] == __version__
+    for key in ("name", "vendor", "release", "summary", "description", "maintainer", "io.k8s.description"):
+        assert labels.get(key), f"no {key} label (OpenShift reads it)"
     script = (
         "ls /opt/venv/lib/python3*/site-packages | grep -i -E '^(pip|setuptools|wheel)([-_.]|$)' || true; "
         "echo pyc=$(find /opt/venv -name '*.pyc' | wc -l); nvidia-device-plugin --version; "
-        "command -v config-manager; command -v gpu-feature-discovery"
+        "command -v config-manager; command -v gpu-feature-discovery; command -v lsmod"
     )
     done = _podman(
         "run",
@@ -186,6 +188,7 @@ def test_the_image_is_this_version_with_no_build_tools_left() -> None:
     assert (
         "/opt/venv/bin/config-manager" in done.stdout and "/opt/venv/bin/gpu-feature-discovery" in done.stdout
     )
+    assert "/lsmod" in done.stdout, "no lsmod (kmod): the GPU Operator's entrypoint runs it"
     history = _podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", IMAGE).stdout
     assert "PIP_CA_BUNDLE" not in history and "PIP_INDEX" not in history, (
         "build-only arguments reached the image"

@@ -6,10 +6,13 @@ test that build it. `make image-test` (tests/deploy/test_image.py) builds and ru
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
@@ -40,11 +43,22 @@ def _stages() -> dict[str, list[str]]:
 def _pins(path: Path) -> dict[str, str]:
     pins = {}
     for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, version = line.partition("==")
+        if line.strip() and not line.startswith("#") and not line.lstrip().startswith("--hash="):
+            name, _, version = line.removesuffix("\\").partition("==")
             assert version, f"{path.name}: {line!r} is not pinned with =="
             pins[_canonical(name)] = version.strip()
     return pins
+
+
+def _hashes(path: Path) -> dict[str, list[str]]:
+    """Each pin's `--hash=` values, as pip reads them (continuation lines joined)."""
+    joined = re.sub(r"\\\n", " ", path.read_text())
+    found = {}
+    for line in joined.splitlines():
+        if line.strip() and not line.startswith("#"):
+            name = _canonical(line.split("==")[0])
+            found[name] = re.findall(r"--hash=sha256:(\S+)", line)
+    return found
 
 
 def _canonical(name: str) -> str:
@@ -63,6 +77,11 @@ def test_dockerfile_is_two_stages_on_one_base_argument_and_needs_no_buildkit() -
     for stage in ("builder", "runtime"):
         assert stages[stage][0] == f"FROM ${{BASE_IMAGE}} AS {stage}"
     assert "@sha256:" in text, "the pin-by-digest instruction is missing"
+    digest = re.fullmatch(r"[^@]+@(sha256:[0-9a-f]{64})", default)
+    assert digest, f"the default base {default} is not pinned by digest"
+    [recorded] = [i for i in stages[""] if i.startswith("ARG BASE_DIGEST=")]
+    assert recorded == f"ARG BASE_DIGEST={digest.group(1)}", "base.digest must name the default base's digest"
+    assert f"# {name}:{tag.split('@')[0]} " in text, "the pinned tag is not named in a comment beside it"
     # Without re-declaring it inside the stage, ${BASE_IMAGE} is empty there and so is base.name.
     assert "ARG BASE_IMAGE" in stages["runtime"]
 
@@ -80,10 +99,17 @@ def test_runtime_takes_the_venv_and_nothing_of_the_build() -> None:
     runtime = _stages()["runtime"]
     copies = [i for i in runtime if i.startswith("COPY")]
     assert copies == ["COPY --from=builder /opt/venv /opt/venv", "COPY LICENSE /licenses/LICENSE"]
-    assert not any(i.startswith("RUN ") for i in runtime), "the runtime stage runs nothing (no tools needed)"
+    # The one RUN of the runtime stage installs kmod for the GPU Operator's entrypoint (lsmod), no build tool.
+    [run] = [i for i in runtime if i.startswith("RUN ")]
+    assert "apt-get install -y -qq --no-install-recommends kmod" in run
+    assert "rm -rf /var/lib/apt/lists/*" in run and "command -v lsmod" in run
+    assert not re.search(r"\b(pip|python3?|gcc|make)\b", run), "the runtime stage runs no build tool"
     [build] = [i for i in _stages()["builder"] if i.startswith("RUN ")]
     assert "python3 -m venv --without-pip /opt/venv" in build, "pip must never be installed into /opt/venv"
     assert "--no-compile --no-deps" in build and "-r image/requirements.lock" in build
+    assert "--require-hashes -r image/requirements.lock" in build
+    assert "--require-hashes -r image/build-requirements.lock" in build
+    assert "--no-index /tmp/wheels/nvidia_device_plugin-*.whl" in build
     assert "pip --python /opt/venv/bin/python check" in build
     assert "-name __pycache__ -prune -exec rm -rf {} +" in build
     assert "PYTHONDONTWRITEBYTECODE=1" in " ".join(runtime)
@@ -94,9 +120,14 @@ def test_entrypoint_cmd_and_labels() -> None:
     assert 'ENTRYPOINT ["nvidia-device-plugin"]' in instructions
     assert 'CMD ["run"]' in instructions
     labels = " ".join(i for i in instructions if i.startswith("LABEL "))
-    keys = ("title", "description", "version", "revision", "source", "licenses", "base.name", "base.digest")
-    for key in keys:
+    keys = ("title", "description", "version", "revision", "source", "vendor", "licenses", "base.name")
+    for key in (*keys, "base.digest"):
         assert f"org.opencontainers.image.{key}=" in labels
+    # The labels OpenShift reads, as NVIDIA's image carries them.
+    openshift = ("name", "vendor", "version", "release", "summary", "description", "maintainer")
+    for key in (*openshift, "io.k8s.display-name", "io.k8s.description"):
+        assert re.search(rf'(^|\s){re.escape(key)}="[^"]+"', labels), f"no {key} label"
+    assert 'version="${VERSION}"' in labels
     assert 'org.opencontainers.image.base.name="${BASE_IMAGE}"' in labels
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0" in license_text
@@ -139,9 +170,19 @@ def test_the_lock_agrees_with_pyproject() -> None:
         assert requirement.specifier.contains(locked[_canonical(requirement.name)]), str(requirement)
 
 
+def test_every_pin_has_a_sha256_for_pip_require_hashes() -> None:
+    for lock in (LOCK, BUILD_LOCK):
+        hashes = _hashes(lock)
+        assert set(hashes) == set(_pins(lock)), f"{lock.name}: a line is neither a comment nor a pin"
+        for name, found in hashes.items():
+            assert found, f"{lock.name}: {name} has no --hash (pip --require-hashes refuses it)"
+            assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in found), f"{lock.name}: {name}: {found}"
+
+
 def test_the_build_tools_are_pinned_and_satisfy_the_build_system() -> None:
     tools = _pins(BUILD_LOCK)
-    assert set(tools) == {"pip", "setuptools", "wheel"}
+    # packaging is wheel's dependency: pip --require-hashes needs the tools' whole closure pinned.
+    assert set(tools) == {"pip", "setuptools", "wheel", "packaging"}
     assert tuple(int(p) for p in tools["pip"].split(".")[:2]) >= (22, 3), "pip --python needs pip >= 22.3"
     pyproject = (ROOT / "pyproject.toml").read_text()
     requires = re.search(r"^requires = \[(.*?)\]", pyproject, re.MULTILINE)
@@ -183,14 +224,50 @@ def test_makefile_builds_the_image_the_chart_names() -> None:
     assert "docker buildx build --platform $(PLATFORMS)" in _make_target("image-multiarch")
     assert re.search(r"^PLATFORMS \?= linux/amd64,linux/arm64$", makefile, re.MULTILINE)
     assert "image/image-test.sh" in _make_target("image-test")
-    assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test\nmake image-test")
+    ci = (ROOT / ".ci" / "run").read_text().strip()
+    reuse = "make release REUSE_IMAGE=localhost/nvidia-device-plugin-py:image-test"
+    assert ci.endswith(f"make test\nmake image-test\n{reuse}"), "CI: test, image-test, release"
 
 
 def test_the_image_test_builds_without_cache_on_runc() -> None:
     script = (ROOT / "image" / "image-test.sh").read_text()
-    build = script[script.index("buildah bud") :]
+    builder = (ROOT / "image" / "build-image.sh").read_text()
+    build = builder[builder.index("buildah bud") :]
     assert "--no-cache" in build.split("\n")[0], "buildah 1.28 reuses cached layers across changed build-args"
-    assert "RUNTIME=runc" in script and '--runtime "$RUNTIME"' in build
+    assert "RUNTIME=runc" in script and "export RUNTIME" in script and '--runtime "$RUNTIME"' in build
+    assert 'image/build-image.sh "$IMAGE_TAG"' in script
+    assert '${arch:+--arch "$arch"}' in build and '--build-arg BASE_DIGEST="$base_digest"' in build
     assert "apt-get install" in script and "image/make-base.sh" in script
     for tool in ("podman", "buildah", "mmdebstrap", "runc"):
         assert tool in script.split("missing=()")[1].split("\n")[1]
+
+
+def _hash_lock() -> ModuleType:
+    """image/hash_lock.py, which writes the locks' hashes (image/ is no package)."""
+    spec = importlib.util.spec_from_file_location("hash_lock", ROOT / "image" / "hash_lock.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hash_lock_puts_each_pins_hashes_under_it_and_keeps_the_comments() -> None:
+    hash_lock = _hash_lock()
+    text = "# why\nPyYAML==6.0.3 \\\n    --hash=sha256:old\nidna==3.20\n"
+    assert hash_lock.pins(text) == [("PyYAML", "6.0.3"), ("idna", "3.20")]
+    written = hash_lock.rewrite(text, {"pyyaml": {"b" * 64, "a" * 64}, "idna": {"c" * 64}})
+    assert written == (
+        f"# why\nPyYAML==6.0.3 \\\n    --hash=sha256:{'a' * 64} \\\n    --hash=sha256:{'b' * 64}\n"
+        f"idna==3.20 \\\n    --hash=sha256:{'c' * 64}\n"
+    )
+    assert hash_lock.rewrite(written, {"pyyaml": {"a" * 64, "b" * 64}, "idna": {"c" * 64}}) == written
+    assert hash_lock._project_of("PyYAML-6.0.3-cp311-cp311-manylinux_2_17_x86_64.whl") == "pyyaml"
+    with pytest.raises(SystemExit, match=r"no file downloaded for idna==3.20"):
+        hash_lock.rewrite(text, {"pyyaml": {"a" * 64}})
+
+
+def test_the_committed_locks_are_what_hash_lock_writes() -> None:
+    hash_lock = _hash_lock()
+    for lock in (LOCK, BUILD_LOCK):
+        text = lock.read_text()
+        assert hash_lock.rewrite(text, {n: set(h) for n, h in _hashes(lock).items()}) == text, lock.name
