@@ -66,6 +66,23 @@ class MigAttributes:
 
 
 @dataclass(frozen=True)
+class MigPlacementOption:
+    """One place where a GPU instance of one profile can be made on a GPU in MIG mode, as NVML lists it
+    (nvmlDeviceGetGpuInstancePossiblePlacements_v2 for the profile nvmlDeviceGetGpuInstanceProfileInfo
+    names): what dynamic MIG publishes as a partition (dra/kinds) and what it creates at Prepare."""
+
+    profile: str  # e.g. "1g.10gb", named as MigDevice.profile is
+    gi_profile_id: int  # the profile info's `id` (19 for 1g.10gb on A100)
+    start: int  # first memory slice of the placement
+    size: int  # memory slices it covers
+    memory_bytes: int
+    multiprocessors: int
+    # The profile's engines and compute slices, as nvmlDeviceGetGpuInstanceProfileInfo says (what a MIG device
+    # of this placement would report in MigAttributes).
+    attributes: MigAttributes | None = None
+
+
+@dataclass(frozen=True)
 class GpuFabric:
     """Where a GPU sits on a multi-node NVLink fabric (GB200/GB300 NVL, fabric-attached H100/H200).
 
@@ -111,6 +128,10 @@ class Gpu:
     pcie_root: str | None = None  # its PCIe root complex, "pci0000:00", from sysfs (DRA's pcieRoot)
     brand: str | None = None  # NVML's brand, as go-nvlib spells it ("Nvidia", "Tesla"), for DRA
     architecture: str | None = None  # NVML's architecture ("Ampere", "Ada Lovelace"), for DRA
+    # In MIG mode: every possible GPU-instance placement of every profile the GPU supports, and the number of
+    # memory slices they are counted in (8 on A100/H100/H200/B200); () and 0 where not read or not in MIG.
+    mig_placements: tuple[MigPlacementOption, ...] = ()
+    mig_memory_slices: int = 0
 
     @property
     def label(self) -> str:
