@@ -227,3 +227,14 @@ def test_the_feed_resends_the_same_state_and_stamps_a_status_when_it_began() -> 
     assert [d.last_updated_time for d in devices] == [1000, 2000]  # gpu-0 healthy since 1000 still
     feed.close()
     assert feed.next_message(step[0], lambda: True, 0.01) is None
+
+
+def test_an_oversized_request_is_refused(dra: DraNode) -> None:
+    plugin = dra.plugin()
+    with grpc.insecure_channel(f"unix:{plugin.endpoint}") as channel:
+        watch = channel.unary_stream("/v1alpha1.DRAResourceHealth/NodeWatchResources")
+        with pytest.raises(grpc.RpcError) as info:
+            list(watch(b"\x00" * 2048, timeout=HANG_GUARD_S))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert "2048 bytes" in info.value.details()  # type: ignore[attr-defined]
+    assert plugin.health_feed.streams == 0

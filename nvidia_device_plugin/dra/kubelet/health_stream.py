@@ -38,7 +38,7 @@ RESEND_INTERVAL_S = 10.0
 # so a loaded node missing one or two does not flap (kubelet's own default is 30 s as well).
 HEALTH_CHECK_TIMEOUT_S = 30
 MAX_STREAMS = 2  # kubelet keeps one; a restarting kubelet's new one may overlap the old one's end
-MAX_REQUEST_BYTES = 1024  # the request has no fields
+MAX_REQUEST_BYTES = 1024  # the request has no fields; more is refused INVALID_ARGUMENT
 MAX_MESSAGE_CHARS = 1024  # kubelet truncates longer messages
 _STATUS = {
     HealthStatus.HEALTHY: health_pb.HEALTHY,
@@ -96,10 +96,6 @@ class HealthFeed:
         reads last also updates last, so the feed never ends on the older reading."""
         with self._refreshing:
             return self.update(reports())
-
-    def reports(self) -> list[DeviceHealthReport]:
-        with self._changed:
-            return [s.report for s in self._stamped.values()]
 
     @property
     def streams(self) -> int:
@@ -171,6 +167,8 @@ def health_handlers(
 
     def watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
+            if len(raw) > MAX_REQUEST_BYTES:  # the endpoint's own bound is the DRA calls' (1 MiB)
+                raise RequestError(f"a NodeWatchResourcesRequest of {len(raw)} bytes (no field is known)")
             parse(health_pb.NodeWatchResourcesRequest, raw)
         except RequestError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, shorten(str(exc)))
