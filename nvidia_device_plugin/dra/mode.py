@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
+from nvidia_device_plugin.dra.device_health import device_health
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
 from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
@@ -58,6 +59,7 @@ class DraMode:
         self._lock = threading.Lock()
         self._owners = Owners()
         self._snapshot: Snapshot | None = None
+        self._verdicts = verdicts
         self.taints = HealthTaints(verdicts)
         self._failures = FailureLog(log)
         self._wake = threading.Event()
@@ -111,7 +113,8 @@ class DraMode:
 
     def _kubelet_plugin(self, cdi_spec_dir: Path, api_client: Any) -> DraKubeletPlugin:
         """The kubelet DRA plugin: registration in the kubelet registry dir, its endpoint under the plugins
-        dir, claims read through `api_client`, per-claim CDI specs in `cdi_spec_dir`."""
+        dir, claims read through `api_client`, per-claim CDI specs in `cdi_spec_dir`, the devices' health
+        streamed to kubelet from what `_publish` reports."""
         from nvidia_device_plugin.dra.kubelet.claims import ApiClaimSource
         from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 
@@ -150,6 +153,11 @@ class DraMode:
             return
         devices = node_devices(snapshot.inventory, snapshot.plans, owned, self.taints)
         self.publisher.publish(devices, owned)
+        # The same devices and verdicts as the slices' taints, to kubelet's health stream.
+        disabled = snapshot.config.health.disabled
+        self.kubelet.health_feed.refresh(
+            lambda: device_health(self.devices(), self._verdicts(), self.options.node_name, disabled)
+        )
 
     def _on_published(self, gpus: frozenset[str]) -> None:
         with self._lock:

@@ -20,6 +20,9 @@ from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.kubelet.cdispec import remove_claim_spec
 from nvidia_device_plugin.dra.kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, read_boot_id
 from nvidia_device_plugin.dra.kubelet.claims import ClaimSource
+from nvidia_device_plugin.dra.kubelet.health_stream import MAX_STREAMS as MAX_HEALTH_STREAMS
+from nvidia_device_plugin.dra.kubelet.health_stream import RESEND_INTERVAL_S, HealthFeed, health_handlers
+from nvidia_device_plugin.dra.kubelet.health_stream import SERVICE as HEALTH_SERVICE
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, DraError, NodeDevices
 from nvidia_device_plugin.dra.kubelet.prepare import ClaimPreparer
 from nvidia_device_plugin.dra.kubelet.registration import (
@@ -72,6 +75,9 @@ class DraKubeletPlugin(Worker):
     * `checkpoint_path`: the JSON checkpoint of prepared claims (e.g. <plugins_dir>/<driver>/checkpoint.json).
     * `boot_id_path`: the boot ID that invalidates the checkpoint after a reboot
       (/proc/sys/kernel/random/boot_id).
+    * `health_feed`: the devices' health for kubelet's health stream (health_stream.py; default a new one,
+      `.health_feed`): the caller keeps it up to date; until its first update the stream sends nothing.
+      `health_resend_interval_s`: how often an open stream repeats an unchanged state.
     * `driver_name`, `versions` (most preferred first), `check_interval_s`: defaults as kubelet expects.
 
     start() (from Worker) reads the boot ID and the checkpoint and binds both sockets before it returns;
@@ -92,6 +98,8 @@ class DraKubeletPlugin(Worker):
         driver_name: str = DRIVER_NAME,
         versions: Sequence[ApiVersion] = VERSIONS,
         check_interval_s: float = CHECK_INTERVAL_S,
+        health_feed: HealthFeed | None = None,
+        health_resend_interval_s: float = RESEND_INTERVAL_S,
     ) -> None:
         super().__init__("dra-kubelet-plugin")
         self.driver_name = driver_name
@@ -104,6 +112,8 @@ class DraKubeletPlugin(Worker):
         self._checkpoint_path = checkpoint_path
         self._boot_id_path = boot_id_path
         self._check_interval_s = check_interval_s
+        self.health_feed = health_feed if health_feed is not None else HealthFeed()
+        self._health_resend_interval_s = health_resend_interval_s
         self._failures = FailureLog(log)
         self._state = RegistrationState(driver_name)
         self._preparer: ClaimPreparer | None = None
@@ -131,16 +141,19 @@ class DraKubeletPlugin(Worker):
         self._endpoint_server = UnixServer(
             "dra",
             self.endpoint,
-            [dra_handlers(version, preparer) for version in self.versions],
+            [
+                *(dra_handlers(version, preparer) for version in self.versions),
+                health_handlers(self.health_feed, self._health_resend_interval_s),
+            ],
             MAX_REQUEST_BYTES,
             MAX_RESPONSE_BYTES,
-            workers=WORKERS,
+            workers=WORKERS + MAX_HEALTH_STREAMS,  # an open health stream holds a thread
             max_calls=MAX_CONCURRENT_CALLS,
             make_parent=True,
         )
-        handlers = registration_handlers(
-            self.driver_name, self.endpoint, [v.name for v in self.versions], self._state
-        )
+        # Kubelet opens the health stream only where the registration lists its service (1.36+).
+        services = [*(v.name for v in self.versions), HEALTH_SERVICE]
+        handlers = registration_handlers(self.driver_name, self.endpoint, services, self._state)
         self._registration_server = UnixServer(
             "dra-reg",
             self.registration_socket,
@@ -168,6 +181,7 @@ class DraKubeletPlugin(Worker):
                 self._failures.clear(_SUPERVISOR)
 
     def cleanup(self) -> None:
+        self.health_feed.close()  # open health streams end now, not at the servers' grace
         with self._serving:
             for server in (self._registration_server, self._endpoint_server):
                 if server is not None:
