@@ -144,9 +144,10 @@ class SnapshotFollower:
       inventory as `previous` (a GPU NVML can no longer open is carried over as lost, see build_snapshot);
     * any error keeps the last good snapshot, with one log line saying what is kept and why;
     * a reload that NVML made fail is retried by itself (the "reload-retry" worker, which the daemon owns),
-      RELOAD_RETRY_MIN_S doubling to RELOAD_RETRY_MAX_S; a reload that lands resets the delay. So is one
-      that `check` refused with a CdiError (a driver root or spec directory briefly unusable), whose
-      rejection is logged once per distinct reason; `retry_later` asks for such a retry from outside;
+      `retry_min_s` doubling to `retry_max_s` (RELOAD_RETRY_MIN_S and _MAX_S unless given); a reload that
+      lands resets the delay. So is one that `check` refused with a CdiError (a driver root or spec
+      directory briefly unusable), whose rejection is logged once per distinct reason; `retry_later` asks
+      for such a retry from outside;
     * reloads run one at a time, and the daemon's first serve holds `lock` too, so a change that lands
       during start-up waits for the first snapshot;
     * a GPU the snapshot holds as lost (or could not open) that NVML reads again is re-discovered: the
@@ -167,6 +168,8 @@ class SnapshotFollower:
         kept: str = "keeping the previous config",
         on_result: Callable[[bool, str], None] = _no_report,
         rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S,
+        retry_min_s: float = RELOAD_RETRY_MIN_S,
+        retry_max_s: float = RELOAD_RETRY_MAX_S,
     ) -> None:
         self.lock = threading.Lock()
         self.retry = ReloadRetry(self.reload)
@@ -178,7 +181,8 @@ class SnapshotFollower:
         self._on_result = on_result
         self._session: NvmlSession | None = None
         self._current: Snapshot | None = None
-        self._retry_delay_s = RELOAD_RETRY_MIN_S
+        self._retry_min_s, self._retry_max_s = retry_min_s, retry_max_s
+        self._retry_delay_s = retry_min_s
         self._cdi_rejection: str | None = None  # the CDI reason last logged (logged once per reason)
 
     def first(self, session: NvmlSession, config: Config) -> Snapshot:
@@ -220,7 +224,7 @@ class SnapshotFollower:
                 if isinstance(exc, NvmlError | CdiError):
                     self.retry_later(reason, cdi=isinstance(exc, CdiError))
                 return False
-            self._retry_delay_s = RELOAD_RETRY_MIN_S
+            self._retry_delay_s = self._retry_min_s
             self._cdi_rejection = None
             self._apply(snapshot, old)
             self._current = snapshot
@@ -237,7 +241,7 @@ class SnapshotFollower:
         """Reload again after the current backoff delay (which then doubles, up to the cap)."""
         delay = self._retry_delay_s
         if self.retry.schedule(delay, f"retry of: {reason}"):
-            self._retry_delay_s = min(delay * 2, RELOAD_RETRY_MAX_S)
+            self._retry_delay_s = min(delay * 2, self._retry_max_s)
             if cdi:  # its one line said so already
                 log.debug("retrying the config reload in %gs (CDI specs could not be made)", delay)
             else:

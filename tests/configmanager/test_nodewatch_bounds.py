@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -29,7 +30,11 @@ from nvidia_device_plugin.configmanager.settings import parse_settings
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.waiting import wait_for
 
-Start = Callable[[FakeApiServer], Path]
+
+class Start(Protocol):
+    """Follows `server` with a ConfigManager (its relist backoff starting at `relist_initial_s`)."""
+
+    def __call__(self, server: FakeApiServer, relist_initial_s: float = ...) -> Path: ...
 
 
 @pytest.fixture
@@ -37,7 +42,7 @@ def following(tmp_path: Path) -> Iterator[Start]:
     """Run a ConfigManager against `server` in a thread (stopped afterwards); returns the link it keeps."""
     started: list[tuple[threading.Event, threading.Thread, ConfigManager]] = []
 
-    def start(server: FakeApiServer) -> Path:
+    def start(server: FakeApiServer, relist_initial_s: float = nodewatch.RELIST_INITIAL_S) -> Path:
         srcdir = tmp_path / "configs"
         srcdir.mkdir()
         for name in ("a", "b"):
@@ -45,7 +50,9 @@ def following(tmp_path: Path) -> Iterator[Start]:
         dst = tmp_path / "config.yaml"
         env = {"NODE_NAME": NODE, "CONFIG_FILE_SRCDIR": str(srcdir), "CONFIG_FILE_DST": str(dst)}
         env["SEND_SIGNAL"] = "false"  # its default is true: never signal the machine's plugin processes
-        manager = ConfigManager(parse_settings([], env), api_client_for(server.url))
+        manager = ConfigManager(
+            parse_settings([], env), api_client_for(server.url), relist_initial_s=relist_initial_s
+        )
         stop = threading.Event()
         thread = threading.Thread(target=manager.run, args=(stop,), name="config-manager")
         thread.start()
@@ -71,14 +78,11 @@ def list_times(server: FakeApiServer, count: int, timeout: float) -> list[float]
     return seen
 
 
-def test_410_on_every_watch_backs_off_as_client_gos_reflector(
-    following: Start, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(nodewatch, "RELIST_INITIAL_S", 0.1)  # read when the reader is made
+def test_410_on_every_watch_backs_off_as_client_gos_reflector(following: Start) -> None:
     with FakeApiServer({LABEL: "a"}) as server:
         for _ in range(200):
             server.expire_watch()  # every watch gets 410 at once
-        following(server)
+        following(server, relist_initial_s=0.1)
         times = list_times(server, 5, timeout=30)
         assert len(times) == 5, f"only {len(server.lists())} lists"
         gaps = [b - a for a, b in itertools.pairwise(times)]

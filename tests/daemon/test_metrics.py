@@ -32,7 +32,6 @@ from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
-from nvidia_device_plugin.telemetry import probes
 from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, SnapshotView
 from nvidia_device_plugin.telemetry.probes import ProbeServer
 
@@ -58,16 +57,16 @@ def mixed_config(gpu_replicas: int = 4, mig_replicas: int | None = 2) -> Config:
     )
 
 
-@pytest.fixture(autouse=True)
-def fresh_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every scrape renders anew: the ProbeServer reads RENDER_CACHE_S when the daemon builds it."""
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 0.0)
+# Every scrape renders anew: each daemon and server here is built with no render cache window.
+FRESH_SCRAPES = {"metrics_render_cache_s": 0.0}
 
 
 @contextmanager
 def running(plugin_dir: Path, node: str, load_config: Callable[[], Config]) -> Iterator[Daemon]:
     """A started daemon on a simulated node serving HTTP on a free port; stopped on the way out."""
-    daemon = Daemon(simulated_options(plugin_dir, node, load_config, metrics_address="127.0.0.1:0"))
+    daemon = Daemon(
+        simulated_options(plugin_dir, node, load_config, metrics_address="127.0.0.1:0", **FRESH_SCRAPES)
+    )
     daemon.start()
     try:
         yield daemon
@@ -103,7 +102,9 @@ def no_driver() -> NvmlSession:
 @pytest.fixture
 def idle(plugin_dir: Path) -> Iterator[Daemon]:
     """A daemon on a node where NVML cannot load and failOnInitError is false: it serves nothing."""
-    options = simulated_options(plugin_dir, load_config=lambda: Config(flags=Flags(fail_on_init_error=False)))
+    options = simulated_options(
+        plugin_dir, load_config=lambda: Config(flags=Flags(fail_on_init_error=False)), **FRESH_SCRAPES
+    )
     options.open_nvml, options.metrics_address = no_driver, "127.0.0.1:0"
     daemon = Daemon(options)
     daemon.start()
@@ -191,7 +192,7 @@ def mig_uuids(daemon: Daemon, gpu_index: int) -> list[str]:
 
 
 def test_a_malformed_address_fails_the_daemon_start_naming_the_flag(plugin_dir: Path) -> None:
-    daemon = Daemon(simulated_options(plugin_dir, metrics_address="localhost"))
+    daemon = Daemon(simulated_options(plugin_dir, metrics_address="localhost", **FRESH_SCRAPES))
     try:
         with pytest.raises(ConfigError, match="--metrics-address"):
             daemon.start()
@@ -200,7 +201,8 @@ def test_a_malformed_address_fails_the_daemon_start_naming_the_flag(plugin_dir: 
 
 
 def test_port_in_use_is_a_clear_error(plugin_dir: Path, idle: Daemon) -> None:
-    second = Daemon(simulated_options(plugin_dir / "second", metrics_address=f"127.0.0.1:{port_of(idle)}"))
+    address = f"127.0.0.1:{port_of(idle)}"
+    second = Daemon(simulated_options(plugin_dir / "second", metrics_address=address, **FRESH_SCRAPES))
     try:
         with pytest.raises(
             DevicePluginError, match=r"cannot serve metrics on --metrics-address '127\.0\.0\.1:\d+'"
@@ -490,7 +492,7 @@ class UnreadableSnapshot:
 
 def test_a_failing_collection_answers_500_and_the_server_keeps_serving(plugin_dir: Path) -> None:
     metrics = DaemonMetrics(UnreadableSnapshot(plugin_dir))  # building must not read the snapshot
-    server = ProbeServer("127.0.0.1:0", metrics.render, lambda: None, lambda: None)
+    server = ProbeServer("127.0.0.1:0", metrics.render, lambda: None, lambda: None, render_cache_s=0.0)
     server.start()
     try:
         status, body = get(server.port, "/metrics")

@@ -16,7 +16,7 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
-from nvidia_device_plugin.telemetry import metrics, probes
+from nvidia_device_plugin.telemetry import metrics
 from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, negotiate
 from nvidia_device_plugin.telemetry.scrape_bodies import ScrapeBodies
 
@@ -53,7 +53,6 @@ def test_the_headers_cover_every_format() -> None:
 def test_scrapers_cycling_through_every_format_cost_one_collection_per_window(
     plugin_dir: Path, kubelet: KubeletStandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 60.0)  # a window no slow machine can outlast
     collections = 0
     collect = metrics._StateCollector.collect
 
@@ -63,7 +62,8 @@ def test_scrapers_cycling_through_every_format_cost_one_collection_per_window(
         return collect(self)
 
     monkeypatch.setattr(metrics._StateCollector, "collect", counted)
-    daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0")
+    # A render cache window no slow machine can outlast.
+    daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0", metrics_render_cache_s=60.0)
     try:
         assert kubelet.wait_for_resources([GPU])
         assert daemon.probes is not None

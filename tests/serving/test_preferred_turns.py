@@ -26,7 +26,7 @@ GIB = 1024**3
 GPUS, REPLICAS = 4, 10
 
 
-def _backend() -> GpuResourceBackend:
+def _backend(preferred_wait_s: float = backend_module.PREFERRED_WAIT_S) -> GpuResourceBackend:
     uuids = [f"GPU-{g:02d}" for g in range(GPUS)]
     inventory = Inventory(
         gpus=tuple(
@@ -44,7 +44,8 @@ def _backend() -> GpuResourceBackend:
         sharing="time-slicing",
         replicas=REPLICAS,
     )
-    return GpuResourceBackend(plan, inventory, AllocationSettings.from_config(Config()), HealthRegistry())
+    settings = AllocationSettings.from_config(Config())
+    return GpuResourceBackend(plan, inventory, settings, HealthRegistry(), preferred_wait_s=preferred_wait_s)
 
 
 class _Gated:
@@ -71,10 +72,9 @@ class _Gated:
 def test_one_computation_at_a_time_two_waiting_the_rest_refused_naming_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(backend_module, "PREFERRED_WAIT_S", 60.0)  # waiters outlast any slow machine
     gated = _Gated()
     monkeypatch.setattr(backend_module, "preferred_allocation", gated)
-    backend = _backend()
+    backend = _backend(preferred_wait_s=60.0)  # waiters outlast any slow machine
     available = [d.id for d in backend.plan.devices]
     answers: list[list[str]] = []
     refusals: list[str] = []
