@@ -19,7 +19,7 @@ this command and leaves the daemons running, so a rolling update of this DaemonS
 client; the next start adopts them through their pid files. To end MPS on a node, remove it from the
 config first, then the DaemonSet.
 
-Reloads go through snapshot.SnapshotFollower, as the plugin's do: a GPU NVML can no longer open is carried
+Reloads go through follower.SnapshotFollower, as the plugin's do: a GPU NVML can no longer open is carried
 over as lost (so its daemon is kept, not quit), a reload NVML made fail is retried with backoff, and any
 error keeps the daemons of the last good config, and a GPU lost at start that reads again is re-discovered
 (its daemon then gets the pinned-memory limit its memory allows; none is set while that is unknown). Its
@@ -37,17 +37,17 @@ from nvidia_device_plugin.base.errors import NvmlError
 from nvidia_device_plugin.base.workers import WorkerGroup
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
+from nvidia_device_plugin.daemons.follower import (
+    REDISCOVERY_INTERVAL_S,
+    RELOAD_RETRY_MAX_S,
+    RELOAD_RETRY_MIN_S,
+    SnapshotFollower,
+)
 from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor, daemon_specs
-from nvidia_device_plugin.snapshot import (
-    REDISCOVERY_INTERVAL_S,
-    RELOAD_RETRY_MAX_S,
-    RELOAD_RETRY_MIN_S,
-    Snapshot,
-    SnapshotFollower,
-)
+from nvidia_device_plugin.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The daemon of `run`: owns every worker of the process and wires the snapshot pipeline to the servers.
 
 NVML session + config -> build_snapshot -> one plugin server per resource plan; health changes and config
-reloads (snapshot.SnapshotFollower) feed the same path. Lifecycle (one log line each): starting, inventory
+reloads (follower.SnapshotFollower) feed the same path. Lifecycle (one log line each): starting, inventory
 discovered, serving, config reloaded or rejected, stopping, stopped. Reloads and health changes never restart
 the process: the plugin manager diffs the new resource set against what it serves.
 
@@ -37,6 +37,12 @@ from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
+from nvidia_device_plugin.daemons.follower import (
+    REDISCOVERY_INTERVAL_S,
+    RELOAD_RETRY_MAX_S,
+    RELOAD_RETRY_MIN_S,
+    SnapshotFollower,
+)
 from nvidia_device_plugin.devices import describe
 from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.side import DraSide
@@ -60,13 +66,7 @@ from nvidia_device_plugin.sharing.readiness import (
     MpsReadinessWatcher,
     ReadinessChange,
 )
-from nvidia_device_plugin.snapshot import (
-    REDISCOVERY_INTERVAL_S,
-    RELOAD_RETRY_MAX_S,
-    RELOAD_RETRY_MIN_S,
-    Snapshot,
-    SnapshotFollower,
-)
+from nvidia_device_plugin.snapshot import Snapshot
 from nvidia_device_plugin.telemetry.on_demand import daemon_events, probe_server
 
 if TYPE_CHECKING:

@@ -166,7 +166,7 @@ FAST_RETRIES = {"reload_retry_min_s": 0.02, "reload_retry_max_s": 0.08}  # Daemo
 @pytest.fixture
 def retry_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     """The follower's log lines, retries included (logged at debug after the first)."""
-    caplog.set_level(logging.DEBUG, logger="nvidia_device_plugin.snapshot")
+    caplog.set_level(logging.DEBUG, logger="nvidia_device_plugin.daemons.follower")
     return caplog
 
 

@@ -1,6 +1,6 @@
 """Reloads on a node that misbehaves: a lost GPU does not block them, and one rejected for a transient
-NVML failure is tried again by itself, with backoff (snapshot.SnapshotFollower). In-process daemon on a
-simulated node, kubelet stand-in over real sockets."""
+NVML failure is tried again by itself, with backoff (daemons/follower.py: SnapshotFollower). In-process
+daemon on a simulated node, kubelet stand-in over real sockets."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_reload_retries_back_off_doubling_to_the_cap_and_start_again_from_the_fi
     kubelet: KubeletStandIn,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.follower")
     configs = [Config()]
     daemon = start_daemon(
         plugin_dir, load_config=lambda: configs[-1], reload_retry_min_s=0.01, reload_retry_max_s=0.04
@@ -104,7 +104,7 @@ def test_a_config_error_is_not_retried(
     kubelet: KubeletStandIn,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.follower")
 
     def broken() -> Config:
         raise ConfigError("sharing.timeSlicing.resources[0].replicas must be >= 1, got 0")

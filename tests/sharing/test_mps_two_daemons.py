@@ -279,7 +279,7 @@ def test_the_command_leaves_its_daemons_running_on_sigterm(setup: Setup) -> None
 def test_a_control_daemon_reload_that_nvml_fails_keeps_the_daemons_and_is_retried(
     setup: Setup, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.follower")
     control = setup.control_daemon(reload_retry_min_s=0.01)
     try:
         gpus = _gpus(control)
