@@ -20,6 +20,7 @@ from nvidia_device_plugin.telemetry import metrics
 from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, negotiate
 from nvidia_device_plugin.telemetry.scrape_bodies import ScrapeBodies
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, start_daemon
 
 ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")
@@ -71,7 +72,7 @@ def test_scrapers_cycling_through_every_format_cost_one_collection_per_window(
         answers = {accept: scrape(daemon.probes.port, accept) for accept in EVERY_FORMAT * 3}
     finally:
         daemon.stop()
-    assert all(status == 200 for status, _, _ in answers.values())
+    assert_all(answers.values(), lambda answer: answer[0] == 200)
     assert collections == 1  # was 14: one per format
     assert len({body for _, _, body in answers.values()}) <= 8
 
@@ -96,7 +97,7 @@ def test_every_format_is_served_the_bytes_prometheus_client_renders(
         bodies.render("")
         assert bodies.collections == 2
         # OpenMetrics 2.0.0 is served 1.0.0's body: they differ only in native histograms.
-        for family in registry.collect():
-            assert all(sample.native_histogram is None for sample in family.samples), family.name
+        samples = [(family.name, sample) for family in registry.collect() for sample in family.samples]
+        assert_all(samples, lambda named: named[1].native_histogram is None)
     finally:
         daemon.stop()

@@ -49,6 +49,7 @@ from nvidia_device_plugin.sharing.readiness import status_path
 from nvidia_device_plugin.snapshot import build_snapshot
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.namespaces import pid_namespace_prefix
 from support.waiting import wait_for
@@ -225,7 +226,7 @@ def test_the_cdi_spec_runs_the_hook_the_operator_names(release: OperatorRelease)
     ]
     assert {h["path"] for h in hooks} == {f"{HOOKS}/{release.hook_file}"}
     runs = ["nvidia-ctk", "hook"] if release.hook_file == "nvidia-ctk" else ["nvidia-cdi-hook"]
-    assert all(h["args"][: len(runs)] == runs for h in hooks), [h["args"][:2] for h in hooks]
+    assert_all(hooks, lambda h: h["args"][: len(runs)] == runs, [h["args"][:2] for h in hooks])
 
 
 # ---- the processes ------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from gpu_operator import cluster_policy_in
 
 from nvidia_device_plugin import __version__
 
+from support.checks import assert_all
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deployments" / "helm" / "nvidia-device-plugin"
 
@@ -166,6 +168,6 @@ def test_the_chart_is_packaged_as_helm_lays_it_out(tmp_path: Path) -> None:
     with tarfile.open(archive) as packed:
         names = packed.getnames()
         chart = yaml.safe_load(packed.extractfile("nvidia-device-plugin/Chart.yaml").read())  # type: ignore[union-attr]
-    assert all(name.startswith("nvidia-device-plugin/") for name in names)
+    assert_all(names, lambda name: name.startswith("nvidia-device-plugin/"))
     assert {"nvidia-device-plugin/values.yaml", "nvidia-device-plugin/templates/NOTES.txt"} <= set(names)
     assert chart["version"] == chart["appVersion"] == __version__

@@ -20,6 +20,7 @@ from nvidia_device_plugin.serving.allocate import AllocationSettings
 from nvidia_device_plugin.serving.backend import GpuResourceBackend, OneAtATime
 from nvidia_device_plugin.serving.preferred import preferred_allocation
 
+from support.checks import assert_all
 from support.waiting import wait_for
 
 GIB = 1024**3
@@ -100,7 +101,7 @@ def test_one_computation_at_a_time_two_waiting_the_rest_refused_naming_the_bound
         thread.join(60)
     assert gated.most == 1  # was 6: every caller computed at once
     assert len(answers) == 3 and all(len(ids) == 4 for ids in answers)
-    assert all("1 computing and 2 waiting already" in r and "nvidia.com/gpu" in r for r in refusals)
+    assert_all(refusals, lambda r: "1 computing and 2 waiting already" in r and "nvidia.com/gpu" in r)
 
 
 def test_a_caller_waits_only_so_long_for_its_turn() -> None:
