@@ -30,7 +30,7 @@ from nvidia_device_plugin.configmanager.processes import find_processes
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer, write_kubeconfig
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
 
@@ -50,7 +50,7 @@ def _environment(tmp_path: Path, url: str, names: list[str], **extra: str) -> di
     }
 
 
-def _run(env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def _run(env: dict[str, str], timeout: float = scaled(90)) -> subprocess.CompletedProcess[str]:
     # The timeout only ends a hung run; it is no speed assertion.
     return subprocess.run([COMMAND], env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -211,13 +211,13 @@ def _watches(tmp_path: Path, enough: Callable[[FakeApiServer], object], **bounds
             server.feed.put(CLOSE_STREAM)
         stop, thread = _follow_in_thread(tmp_path, server, **bounds)
         try:
-            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=30)
+            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=scaled(30))
             enough(server)
             count = len(server.watches())
         finally:
             stop.set()
             server.__exit__()
-            thread.join(timeout=30)
+            thread.join(timeout=scaled(30))
     assert not thread.is_alive()
     return count
 
@@ -232,7 +232,7 @@ def test_a_watch_that_lived_long_enough_resets_the_backoff(tmp_path: Path) -> No
 
     def eight_watches(server: FakeApiServer) -> None:
         # Without the reset, the 8th watch would come after 0.8 + 1.6 + ... + 30 s >= 80 s of backoff.
-        wait_for(lambda: len(server.watches()) >= 8, "8 watches, each reopened at once", timeout=60)
+        wait_for(lambda: len(server.watches()) >= 8, "8 watches, each reopened at once", timeout=scaled(60))
 
     assert _watches(tmp_path, eight_watches, watch_healthy_s=0.0) >= 8  # every watch counts as healthy
 
@@ -255,7 +255,7 @@ def test_the_sidecar_exits_1_on_a_label_naming_no_config(tmp_path: Path) -> None
         try:
             wait_for(lambda: len(server.watches()) == 1, "the watch")
             server.set_label("typo")
-            _, err = process.communicate(timeout=60)
+            _, err = process.communicate(timeout=scaled(60))
         finally:
             if process.poll() is None:
                 process.kill()
@@ -269,9 +269,9 @@ def test_no_process_to_signal_exits_1_in_oneshot_and_in_the_sidecar(tmp_path: Pa
     nobody = f"no-such-plugin-{os.getpid()}"
     with FakeApiServer({LABEL: "a"}) as server:
         env = _environment(tmp_path, server.url, ["a"], PROCESS_TO_SIGNAL=nobody)  # SEND_SIGNAL: default true
-        sidecar = _run(env, timeout=60)
+        sidecar = _run(env, timeout=scaled(60))
         (tmp_path / "config.yaml").unlink()
-        oneshot = _run({**env, "ONESHOT": "true"}, timeout=60)
+        oneshot = _run({**env, "ONESHOT": "true"}, timeout=scaled(60))
     for done in (sidecar, oneshot):
         assert done.returncode == 1, done.stderr
         assert f"no process named {nobody} is there to signal" in done.stderr
@@ -280,7 +280,7 @@ def test_no_process_to_signal_exits_1_in_oneshot_and_in_the_sidecar(tmp_path: Pa
 def test_the_empty_fallback_links_dev_null_which_the_plugin_reads_as_the_empty_config(tmp_path: Path) -> None:
     with FakeApiServer({}) as server:
         env = _environment(tmp_path, server.url, ["a", "b"], FALLBACK_STRATEGIES="empty", ONESHOT="true")
-        done = _run({**env, "SEND_SIGNAL": "false"}, timeout=60)
+        done = _run({**env, "SEND_SIGNAL": "false"}, timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     assert os.readlink(tmp_path / "config.yaml") == os.devnull
     assert read_config_document(tmp_path / "config.yaml") is None

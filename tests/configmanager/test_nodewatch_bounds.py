@@ -28,7 +28,7 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 
 class Start(Protocol):
@@ -63,7 +63,7 @@ def following(tmp_path: Path) -> Iterator[Start]:
     for stop, thread, manager in started:
         stop.set()
         manager.interrupt()
-        thread.join(timeout=30)
+        thread.join(timeout=scaled(30))
         assert not thread.is_alive(), "the config-manager loop did not stop"
 
 
@@ -83,7 +83,7 @@ def test_410_on_every_watch_backs_off_as_client_gos_reflector(following: Start) 
         for _ in range(200):
             server.expire_watch()  # every watch gets 410 at once
         following(server, relist_initial_s=0.1)
-        times = list_times(server, 5, timeout=30)
+        times = list_times(server, 5, timeout=scaled(30))
         assert len(times) == 5, f"only {len(server.lists())} lists"
         gaps = [b - a for a, b in itertools.pairwise(times)]
         # Each relist waits at least the backoff: 0.1 s doubling (plus up to as much again, at random).
@@ -119,12 +119,12 @@ def test_the_config_manager_sidecar_does_not_hammer_an_api_server_that_expires_e
         command = [str(Path(sys.executable).parent / "config-manager")]
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         try:
-            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=30)
+            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=scaled(30))
             time.sleep(3.0)  # an observation window: a tight loop made ~120 requests in it
             lists = len(server.lists())
         finally:
             process.terminate()
-            _, err = process.communicate(timeout=30)
+            _, err = process.communicate(timeout=scaled(30))
     # Lists at 0 s, then after >= 0.8 s and >= 1.6 s more: at most 3 in the window, 4 with the first.
     assert lists <= 4, f"{lists} lists in 3 s"
     assert "expired" in err
@@ -139,7 +139,7 @@ def test_a_watch_line_past_the_bound_is_refused_and_the_watch_lists_again(
         huge = {"type": "MODIFIED", "object": json.loads(json.dumps(server.node))}
         huge["object"]["metadata"]["labels"][LABEL] = "x" * (48 * 1024 * 1024)  # a 48 MiB line
         server.feed.put(huge)
-        wait_for(lambda: len(server.lists()) >= 2, "a new list after the refused line", timeout=60)
+        wait_for(lambda: len(server.lists()) >= 2, "a new list after the refused line", timeout=scaled(60))
         assert "sent more than 8 MiB in one answer" in caplog.text
         assert os.readlink(dst).endswith("/a"), "the refused event must change nothing"
         server.set_label("b")

@@ -37,6 +37,8 @@ from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator
+from support.kubelet_standin import kubelet_standin
+from support.waiting import scaled
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_2G = "nvidia.com/mig-2g.20gb"
@@ -122,7 +124,7 @@ def port_of(daemon: Daemon) -> int:
 
 def get(port: int, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=scaled(5)) as response:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
@@ -138,7 +140,9 @@ def scrape(daemon: Daemon) -> Families:
     return {family.name: family.samples for family in text_string_to_metric_families(text)}
 
 
-def scrape_until(daemon: Daemon, predicate: Callable[[Families], bool], timeout: float = 10.0) -> Families:
+def scrape_until(
+    daemon: Daemon, predicate: Callable[[Families], bool], timeout: float = scaled(10.0)
+) -> Families:
     """Scrape until predicate holds: registrar threads count a moment after kubelet has seen the call."""
     deadline = time.monotonic() + timeout
     while True:
@@ -251,7 +255,7 @@ def test_readyz_turns_ready_when_every_served_resource_is_registered(plugin_dir:
         for name in MIXED_RESOURCES:
             assert value(families, "nvidia_device_plugin_resource_registered", resource=name) == 0
 
-        with KubeletStandIn(plugin_dir) as kubelet:
+        with kubelet_standin(plugin_dir) as kubelet:
             assert kubelet.wait_for_resources(MIXED_RESOURCES)
             assert kubelet.wait_for(daemon.manager.all_registered)
             assert get(port, "/readyz") == (200, "ok\n")
@@ -466,7 +470,7 @@ def test_two_daemons_keep_separate_counters_and_stop_closes_the_port(plugin_dir:
         assert samples(families, xids) == []
     for daemon in (first, second):
         with pytest.raises(OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{port_of(daemon)}/healthz", timeout=2)
+            urllib.request.urlopen(f"http://127.0.0.1:{port_of(daemon)}/healthz", timeout=scaled(2))
 
 
 def test_stop_joins_the_named_thread(plugin_dir: Path) -> None:

@@ -16,6 +16,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 from nvidia_device_plugin.telemetry.metrics import negotiate
 
 from support.daemon_support import GPU, gpu_uuids, start_daemon
+from support.waiting import scaled
 
 ALLOCATIONS = f'nvidia_device_plugin_allocations_total{{resource="{GPU}"}}'
 
@@ -37,7 +38,7 @@ OPENMETRICS_HEADERS = [
 
 
 def scrape(port: int, accept: str) -> tuple[int, str, str]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
     try:
         connection.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
         response = connection.getresponse()

@@ -22,6 +22,7 @@ from nvidia_device_plugin.telemetry.scrape_bodies import ScrapeBodies
 
 from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, start_daemon
+from support.waiting import scaled
 
 ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")
 # One Accept header for each of the fourteen formats negotiate leaves.
@@ -38,7 +39,7 @@ EVERY_FORMAT = [
 
 
 def scrape(port: int, accept: str) -> tuple[int, str, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
     try:
         connection.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
         response = connection.getresponse()

@@ -23,6 +23,7 @@ from gpu_operator import cluster_policy_in
 from nvidia_device_plugin import __version__
 
 from support.checks import assert_all
+from support.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deployments" / "helm" / "nvidia-device-plugin"
@@ -42,7 +43,7 @@ def test_the_command_says_this_version() -> None:
         [str(Path(sys.executable).parent / "nvidia-device-plugin"), "--version"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         check=True,
     )
     assert done.stdout.strip() == f"nvidia-device-plugin {__version__}"
@@ -113,7 +114,7 @@ def test_sums_cover_every_file_and_sha256sum_checks_them(tmp_path: Path) -> None
     assert lines[0].split()[0] == hashlib.sha256(b"chart").hexdigest()
     if shutil.which("sha256sum"):
         subprocess.run(
-            ["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=tmp_path, check=True, timeout=60
+            ["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=tmp_path, check=True, timeout=scaled(60)
         )
 
 

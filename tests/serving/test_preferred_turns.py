@@ -21,7 +21,7 @@ from nvidia_device_plugin.serving.backend import GpuResourceBackend, OneAtATime
 from nvidia_device_plugin.serving.preferred import preferred_allocation
 
 from support.checks import assert_all
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 GIB = 1024**3
 GPUS, REPLICAS = 4, 10
@@ -63,7 +63,7 @@ class _Gated:
             self.running += 1
             self.most = max(self.most, self.running)
         try:
-            assert self.release.wait(60), "the test never released the computation"
+            assert self.release.wait(scaled(60)), "the test never released the computation"
             return preferred_allocation(*args, **kwargs)
         finally:
             with self.lock:
@@ -98,7 +98,7 @@ def test_one_computation_at_a_time_two_waiting_the_rest_refused_naming_the_bound
     wait_for(lambda: gated.running == 1 and len(refusals) == 3, "three calls refused while one computes")
     gated.release.set()
     for thread in threads:
-        thread.join(60)
+        thread.join(scaled(60))
     assert gated.most == 1  # was 6: every caller computed at once
     assert len(answers) == 3 and all(len(ids) == 4 for ids in answers)
     assert_all(refusals, lambda r: "1 computing and 2 waiting already" in r and "nvidia.com/gpu" in r)
@@ -118,7 +118,7 @@ def test_a_caller_waits_only_so_long_for_its_turn() -> None:
 
         thread = threading.Thread(target=late, name="preferred-late")
         thread.start()
-        thread.join(60)
+        thread.join(scaled(60))
     assert len(outcome) == 1 and "waited 0.01 s for the one computed before it" in outcome[0]
     with turns.turn():  # the bound is given back: the next caller computes
         pass

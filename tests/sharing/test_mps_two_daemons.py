@@ -30,7 +30,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 from support.checks import assert_all
 from support.daemon_support import GPU, start_daemon
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 NODE = "pcie-nvlink-pairs"  # 4 GPUs
 
@@ -264,7 +264,7 @@ def test_the_command_leaves_its_daemons_running_on_sigterm(setup: Setup) -> None
         wait_for(lambda: read_status(str(status_file)).ready, "the T4's daemon ready")
         pid = read_status(str(status_file)).pid
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
+        output, _ = proc.communicate(timeout=scaled(30))
     finally:
         if proc.poll() is None:
             proc.kill()
