@@ -212,3 +212,14 @@ def test_admission_failures_read_as_kubelet_words_them(
     assert kubelet.wait_for(lambda: kubelet.disconnects == [RESOURCE])
     with pytest.raises(AdmissionError, match="requested number of devices unavailable"):
         kubelet.admit(RESOURCE, 1)  # every device is Unhealthy now
+
+
+def test_a_wait_that_names_no_timeout_takes_the_stand_ins_budget(plugin_dir: Path) -> None:
+    """The suite hands the stand-in budgets scaled to the machine (support.kubelet_standin); every wait and
+    call that names none takes them."""
+    kubelet = KubeletStandIn(plugin_dir, wait_s=0.01, call_s=0.02)
+    assert (kubelet.wait_s, kubelet.call_s) == (0.01, 0.02)
+    assert not kubelet.wait_for(lambda: False)  # ends after wait_s, not the 10 s default
+    assert not kubelet.wait_for_resources([RESOURCE])
+    scaled_kubelet = kubelet_standin(plugin_dir)
+    assert (scaled_kubelet.wait_s, scaled_kubelet.call_s) == (scaled(10.0), scaled(5.0))
