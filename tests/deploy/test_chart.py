@@ -329,8 +329,8 @@ def test_gfd_runs_this_images_gpu_feature_discovery() -> None:
     )
     selector = _of(release, "DaemonSet")[name]["spec"]["selector"]["matchLabels"]
     plugin_pods = _of(release, "DaemonSet")["nvidia-device-plugin"]["spec"]["template"]["metadata"]["labels"]
-    # NVIDIA's default: one selector for every DaemonSet (an upgrade keeps it; selectors cannot change), the pods
-    # told apart by their component label; componentSelectorLabels.enabled separates them
+    # NVIDIA's default: one selector for every DaemonSet (an upgrade keeps it; selectors cannot change),
+    # the pods told apart by their component label; componentSelectorLabels.enabled separates them
     # (test_upgrade_from_nvidia.py).
     assert selector.items() <= plugin_pods.items()
     assert plugin_pods["app.kubernetes.io/component"] == "device-plugin"
