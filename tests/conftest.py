@@ -16,6 +16,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
 from support.health_support import HEALTH_LOG, Node, make_node
+from support.kubelet_standin import kubelet_standin
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def plugin_dir() -> Iterator[Path]:
 @pytest.fixture
 def kubelet(plugin_dir: Path) -> Iterator[KubeletStandIn]:
     """The kubelet side of the protocol, listening on plugin_dir/kubelet.sock."""
-    with KubeletStandIn(plugin_dir) as k:
+    with kubelet_standin(plugin_dir) as k:
         yield k
 
 

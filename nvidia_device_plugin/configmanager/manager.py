@@ -74,11 +74,17 @@ class ConfigManager:
         *,
         exit_on_error: bool = False,
         empty_target: Path | None = None,
+        oneshot_timeout_s: float = ONESHOT_TIMEOUT_S,
+        watch_healthy_s: float = WATCH_HEALTHY_S,
+        relist_initial_s: float = nodewatch.RELIST_INITIAL_S,
     ) -> None:
         """`exit_on_error`: NVIDIA's behaviour (see the module's docstring). `empty_target`: what the link
-        points at for the empty config; None writes an empty regular file instead."""
+        points at for the empty config; None writes an empty regular file instead. The three bounds after
+        them default to the module's (and nodewatch's) constants."""
         self._settings = settings
-        self._reader = NodeLabelReader(api_client, settings.node_name, settings.node_label)
+        self._reader = NodeLabelReader(api_client, settings.node_name, settings.node_label, relist_initial_s)
+        self._oneshot_timeout_s = oneshot_timeout_s
+        self._watch_healthy_s = watch_healthy_s
         self._problems = FailureLog(log)  # by source ("api", "config"): each logged once until it clears
         self._exit_on_error = exit_on_error
         self._empty_target = empty_target
@@ -135,7 +141,7 @@ class ConfigManager:
 
     def run_once(self) -> int:
         """ONESHOT: link once; 0 on success, 1 with the reason logged otherwise (the pod then restarts).
-        Bounded as a whole by ONESHOT_TIMEOUT_S (the module's docstring says why)."""
+        Bounded as a whole by `oneshot_timeout_s` (the module's docstring says why)."""
         s = self._settings
         outcome: list[int] = []
         worker = threading.Thread(
@@ -145,19 +151,19 @@ class ConfigManager:
             "reading label %s of node %s from the API (up to %.0f s: connecting %.0f s, its answer %.0f s)",
             s.node_label,
             s.node_name,
-            ONESHOT_TIMEOUT_S,
+            self._oneshot_timeout_s,
             nodewatch.API_CONNECT_TIMEOUT_S,
             nodewatch.API_READ_TIMEOUT_S,
         )
         worker.start()
-        worker.join(ONESHOT_TIMEOUT_S)
+        worker.join(self._oneshot_timeout_s)
         if worker.is_alive():  # a daemon thread: the exit (or the daemon's failed start) ends it
             log.error(
                 "%sno config linked: the API server did not answer the list of node %s within %.0f s; "
                 "%s left as it was",
                 _PREFIX,
                 s.node_name,
-                ONESHOT_TIMEOUT_S,
+                self._oneshot_timeout_s,
                 s.config_file_dst,
             )
             return 1
@@ -215,7 +221,7 @@ class ConfigManager:
                 if stop.is_set():
                     return
             lived = time.monotonic() - opened
-            if lived >= WATCH_HEALTHY_S:  # the server's timeout: reconnect at once
+            if lived >= self._watch_healthy_s:  # the server's timeout: reconnect at once
                 self._reconnect.reset()
                 continue
             # Ended early (after one event, or at once): client-go's backoff keeps this from becoming a loop.

@@ -72,8 +72,8 @@ class NodeApiError(DevicePluginError):
 class RelistBackoff:
     """How long to wait before listing again after `410 Gone`, as client-go's reflector does."""
 
-    def __init__(self) -> None:
-        self._initial = RELIST_INITIAL_S
+    def __init__(self, initial_s: float = RELIST_INITIAL_S) -> None:
+        self._initial = initial_s
         self._cap = RELIST_CAP_S
         self._reset = RELIST_RESET_S
         self._next = self._initial
@@ -176,7 +176,9 @@ def _state_from_list(body: object, node_name: str, label: str) -> NodeState:
 class NodeLabelReader:
     """Reads one label of one node; `list_state()` once, then `watch(from_version)` over and over."""
 
-    def __init__(self, api_client: Any, node_name: str, label: str) -> None:
+    def __init__(
+        self, api_client: Any, node_name: str, label: str, relist_initial_s: float = RELIST_INITIAL_S
+    ) -> None:
         self._client = api_client
         self._node_name = node_name
         self._label = label
@@ -185,7 +187,7 @@ class NodeLabelReader:
         self._stream: Any = None  # the watch response being read
         self._interrupted = False
         self._woken = threading.Event()  # set by interrupt(): a backoff wait ends at once
-        self._relist = RelistBackoff()
+        self._relist = RelistBackoff(relist_initial_s)
         self._expired = False  # the last watch ended in 410 Gone: the next list waits its backoff first
 
     def list_state(self) -> NodeState:

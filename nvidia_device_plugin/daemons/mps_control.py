@@ -19,7 +19,7 @@ this command and leaves the daemons running, so a rolling update of this DaemonS
 client; the next start adopts them through their pid files. To end MPS on a node, remove it from the
 config first, then the DaemonSet.
 
-Reloads go through snapshot.SnapshotFollower, as the plugin's do: a GPU NVML can no longer open is carried
+Reloads go through follower.SnapshotFollower, as the plugin's do: a GPU NVML can no longer open is carried
 over as lost (so its daemon is kept, not quit), a reload NVML made fail is retried with backoff, and any
 error keeps the daemons of the last good config, and a GPU lost at start that reads again is re-discovered
 (its daemon then gets the pinned-memory limit its memory allows; none is set while that is unknown). Its
@@ -37,11 +37,17 @@ from nvidia_device_plugin.base.errors import NvmlError
 from nvidia_device_plugin.base.workers import WorkerGroup
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
+from nvidia_device_plugin.daemons.follower import (
+    REDISCOVERY_INTERVAL_S,
+    RELOAD_RETRY_MAX_S,
+    RELOAD_RETRY_MIN_S,
+    SnapshotFollower,
+)
 from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor, daemon_specs
-from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
+from nvidia_device_plugin.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,9 @@ class ControlDaemonOptions:
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
     rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S  # how often GPUs held as lost are read again
+    # A reload NVML (or CDI) made fail is retried after reload_retry_min_s, doubling to reload_retry_max_s.
+    reload_retry_min_s: float = RELOAD_RETRY_MIN_S
+    reload_retry_max_s: float = RELOAD_RETRY_MAX_S
 
 
 class MpsControlDaemon:
@@ -80,6 +89,8 @@ class MpsControlDaemon:
             self._apply_reload,
             kept="MPS daemons unchanged",
             rediscovery_interval_s=options.rediscovery_interval_s,
+            retry_min_s=options.reload_retry_min_s,
+            retry_max_s=options.reload_retry_max_s,
         )
         self.workers = WorkerGroup()
         if options.watch is not None:

@@ -1,7 +1,7 @@
 """The daemon of `run`: owns every worker of the process and wires the snapshot pipeline to the servers.
 
 NVML session + config -> build_snapshot -> one plugin server per resource plan; health changes and config
-reloads (snapshot.SnapshotFollower) feed the same path. Lifecycle (one log line each): starting, inventory
+reloads (follower.SnapshotFollower) feed the same path. Lifecycle (one log line each): starting, inventory
 discovered, serving, config reloaded or rejected, stopping, stopped. Reloads and health changes never restart
 the process: the plugin manager diffs the new resource set against what it serves.
 
@@ -37,6 +37,12 @@ from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
+from nvidia_device_plugin.daemons.follower import (
+    REDISCOVERY_INTERVAL_S,
+    RELOAD_RETRY_MAX_S,
+    RELOAD_RETRY_MIN_S,
+    SnapshotFollower,
+)
 from nvidia_device_plugin.devices import describe
 from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.side import DraSide
@@ -60,7 +66,7 @@ from nvidia_device_plugin.sharing.readiness import (
     MpsReadinessWatcher,
     ReadinessChange,
 )
-from nvidia_device_plugin.snapshot import REDISCOVERY_INTERVAL_S, Snapshot, SnapshotFollower
+from nvidia_device_plugin.snapshot import Snapshot
 from nvidia_device_plugin.telemetry.on_demand import daemon_events, probe_server
 
 if TYPE_CHECKING:
@@ -79,6 +85,8 @@ class DaemonOptions:
     watch: ConfigWatcherFactory | None = None
     kubelet_socket: str = "kubelet.sock"
     metrics_address: str = ""  # host:port of /metrics, /healthz, /readyz; empty: no HTTP server
+    # How long one /metrics render is shared by every scrape; None: telemetry.probes.RENDER_CACHE_S.
+    metrics_render_cache_s: float | None = None
     # Metrics counted without an HTTP server (read in-process); `run` counts only what it serves.
     count_metrics: bool = True
     mps_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often MPS status files are re-read
@@ -91,6 +99,9 @@ class DaemonOptions:
     # Where the DRA mode finds the node's kubelet and API (cli/dra.py); the config's dra.enabled turns it on.
     dra: DraOptions | None = None
     rediscovery_interval_s: float = REDISCOVERY_INTERVAL_S  # how often GPUs held as lost are read again
+    # A reload NVML (or CDI) made fail is retried after reload_retry_min_s, doubling to reload_retry_max_s.
+    reload_retry_min_s: float = RELOAD_RETRY_MIN_S
+    reload_retry_max_s: float = RELOAD_RETRY_MAX_S
     # How long a registered resource may go without kubelet's ListAndWatch stream before /healthz fails.
     kubelet_stream_grace_s: float = KUBELET_STREAM_GRACE_S
 
@@ -117,19 +128,18 @@ class Daemon:
         self._health_lines = RateLimitedLog(log)  # health changes, per device
         # The DRA side: off until a config first turns dra.enabled on (_start_dra), then the DRA mode.
         self.dra = DraSide(options.dra, self.registry.verdicts, self._on_dra_owners_changed)
-        self.reloads = SnapshotFollower(
-            options.load_config,
-            self._apply_reload,
-            check=lambda snapshot: self.dra.check(self._servable(snapshot)),
-            kept="still serving the previous config",
-            on_result=self.metrics.config_reloaded,
-            rediscovery_interval_s=options.rediscovery_interval_s,
-        )
+        self.reloads = self._follower()
         self._monitor: HealthMonitor | None = None
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
         self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
         self._unsubscribe: Callable[[], None] | None = None
-        self._probes = probe_server(options.metrics_address, self.metrics, self.liveness, self.readiness)
+        self._probes = probe_server(
+            options.metrics_address,
+            self.metrics,
+            self.liveness,
+            self.readiness,
+            options.metrics_render_cache_s,
+        )
         self.labels = (
             LabelsFileWriter(options.labels, lambda: (self.snapshot, self.registry.unhealthy()))
             if options.labels is not None
@@ -149,6 +159,20 @@ class Daemon:
         ):
             if part is not None:
                 self.workers.add(part)
+
+    def _follower(self) -> SnapshotFollower:
+        """The one way the served snapshot changes (reloads, retries, re-discovery): see SnapshotFollower."""
+        options = self.options
+        return SnapshotFollower(
+            options.load_config,
+            self._apply_reload,
+            check=lambda snapshot: self.dra.check(self._servable(snapshot)),
+            kept="still serving the previous config",
+            on_result=self.metrics.config_reloaded,
+            rediscovery_interval_s=options.rediscovery_interval_s,
+            retry_min_s=options.reload_retry_min_s,
+            retry_max_s=options.reload_retry_max_s,
+        )
 
     @property
     def probes(self) -> ProbeServer | None:

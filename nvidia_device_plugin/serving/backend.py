@@ -105,6 +105,7 @@ class GpuResourceBackend:
         settings: AllocationSettings,
         registry: HealthRegistry,
         mps_gate: MpsGate | None = None,
+        preferred_wait_s: float = PREFERRED_WAIT_S,
     ) -> None:
         self.plan = plan
         self.inventory = inventory
@@ -113,7 +114,7 @@ class GpuResourceBackend:
         self._index = AllocationIndex(plan, inventory)
         self._mps_gate = mps_gate
         self._preferred_turns = OneAtATime(
-            f"GetPreferredAllocation for {plan.name}", PREFERRED_WAITING, PREFERRED_WAIT_S, PREFERRED_REST
+            f"GetPreferredAllocation for {plan.name}", PREFERRED_WAITING, preferred_wait_s, PREFERRED_REST
         )
 
     def devices(self) -> Sequence[DeviceState]:

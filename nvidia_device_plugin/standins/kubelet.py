@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 DIAL_TIMEOUT_S = 10.0  # kubelet's dial timeout towards a plugin's socket
+# How long a caller's wait (wait_for and friends) and a call to the plugin (allocate, preferred) may take
+# unless it says otherwise: they only turn a hang into a failure. The suite scales both to its machine.
+WAIT_S = 10.0
+CALL_S = 5.0
 
 
 @dataclass
@@ -95,6 +99,8 @@ class KubeletStandIn:
         endpoint_stop_grace: float = ENDPOINT_STOP_GRACE_S,
         disconnect_delay: float = 0.0,
         watch: bool = True,
+        wait_s: float = WAIT_S,
+        call_s: float = CALL_S,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.socket = plugin_dir / "kubelet.sock"
@@ -108,6 +114,7 @@ class KubeletStandIn:
         # goroutine): widens the window of the disconnect race.
         self.disconnect_delay = disconnect_delay
         self.watch = watch  # False: a kubelet whose clients never open their ListAndWatch stream
+        self.wait_s, self.call_s = wait_s, call_s  # the default budgets of waits and of calls to a plugin
         self.registrations: list[pb.RegisterRequest] = []
         self.dial_failures: list[str] = []  # endpoints named by a Register that could not be dialled
         self.disconnects: list[str] = []  # resources disconnected (marked Unhealthy), in order
@@ -327,17 +334,18 @@ class KubeletStandIn:
             state = self._resources.get(resource)
             return (state.capacity, state.allocatable) if state else (0, 0)
 
-    def wait_for_ticks(self, count: int = 1, timeout: float = 10.0) -> bool:
+    def wait_for_ticks(self, count: int = 1, timeout: float | None = None) -> bool:
         """Wait until `count` more node-status ticks have happened."""
         with self._changed:
             target = self.ticks + count
         return self.wait_for(lambda: self.ticks >= target, timeout)
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-        """Wait until predicate() (evaluated under the stand-in's lock) holds; False on timeout."""
-        return wait_under(self._changed, predicate, timeout)
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Wait until predicate() (evaluated under the stand-in's lock) holds; False on timeout (`wait_s`
+        when not given)."""
+        return wait_under(self._changed, predicate, self.wait_s if timeout is None else timeout)
 
-    def wait_for_resources(self, names: Sequence[str], timeout: float = 10.0) -> bool:
+    def wait_for_resources(self, names: Sequence[str], timeout: float | None = None) -> bool:
         """Wait until every resource is connected and has sent its device list."""
 
         def listed(name: str) -> bool:
@@ -347,12 +355,13 @@ class KubeletStandIn:
         return self.wait_for(lambda: all(listed(n) for n in names), timeout)
 
     def allocate(
-        self, resource: str, containers: Sequence[Sequence[str]], timeout: float = 5.0
+        self, resource: str, containers: Sequence[Sequence[str]], timeout: float | None = None
     ) -> pb.AllocateResponse:
         request = pb.AllocateRequest(
             container_requests=[pb.ContainerAllocateRequest(devices_ids=c) for c in containers]
         )
-        response: pb.AllocateResponse = self.plugin(resource).stub.Allocate(request, timeout=timeout)
+        deadline = self.call_s if timeout is None else timeout
+        response: pb.AllocateResponse = self.plugin(resource).stub.Allocate(request, timeout=deadline)
         return response
 
     def preferred(
@@ -361,10 +370,11 @@ class KubeletStandIn:
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
-        timeout: float = 5.0,
+        timeout: float | None = None,
     ) -> list[str]:
         request = preferred_request(available, must_include, size)
-        response = self.plugin(resource).stub.GetPreferredAllocation(request, timeout=timeout)
+        deadline = self.call_s if timeout is None else timeout
+        response = self.plugin(resource).stub.GetPreferredAllocation(request, timeout=deadline)
         return list(response.container_responses[0].deviceIDs)
 
     def admit(self, resource: str, count: int) -> tuple[list[str], pb.ContainerAllocateResponse]:

@@ -27,9 +27,15 @@ def daemon_events(daemon: DaemonView, counted: bool) -> Events:
 
 
 def probe_server(
-    address: str, events: Events, liveness: Callable[[], str | None], readiness: Callable[[], str | None]
+    address: str,
+    events: Events,
+    liveness: Callable[[], str | None],
+    readiness: Callable[[], str | None],
+    render_cache_s: float | None = None,
 ) -> ProbeServer | None:
-    """/metrics, /healthz and /readyz on `address` (None when empty); `events` must count (daemon_events)."""
+    """/metrics, /healthz and /readyz on `address` (None when empty); `events` must count (daemon_events).
+    `render_cache_s`: how long a rendered body is shared (None: probes.RENDER_CACHE_S, named only here so
+    that a daemon without metrics never imports the server)."""
     if not address:
         return None
     from nvidia_device_plugin.telemetry import probes
@@ -40,5 +46,6 @@ def probe_server(
         raise TypeError("a probe server serves the metrics it is given: make them with counted=True")
     # The server caches a render per format; ScrapeBodies makes those renders share one collection per
     # window and the four bodies that exist, so scrapers cycling through formats cost what one does.
-    bodies = ScrapeBodies(events.registry, probes.RENDER_CACHE_S)
-    return probes.ProbeServer(address, bodies.render, liveness, readiness, negotiate)
+    window = probes.RENDER_CACHE_S if render_cache_s is None else render_cache_s
+    bodies = ScrapeBodies(events.registry, window)
+    return probes.ProbeServer(address, bodies.render, liveness, readiness, negotiate, render_cache_s=window)

@@ -120,14 +120,14 @@ class _RenderCache:
             return body, content_type
 
 
-def read_head(sock: socket.socket, deadline: float) -> bytes | None:
+def read_head(sock: socket.socket, deadline: float, idle_timeout_s: float = IDLE_TIMEOUT_S) -> bytes | None:
     """The request head (up to its blank line), or None when the client is too slow, too big or gone."""
     head = b""
     while b"\r\n\r\n" not in head and b"\n\n" not in head:
         left = deadline - time.monotonic()
         if left <= 0 or len(head) >= MAX_HEAD_BYTES:
             return None
-        sock.settimeout(min(left, IDLE_TIMEOUT_S))
+        sock.settimeout(min(left, idle_timeout_s))
         try:
             chunk = sock.recv(min(4096, MAX_HEAD_BYTES - len(head)))  # never past the bound
         except OSError:  # a timeout, a reset, or pushed out by newer connections
@@ -135,7 +135,7 @@ def read_head(sock: socket.socket, deadline: float) -> bytes | None:
         if not chunk:
             return None
         head += chunk
-    sock.settimeout(IDLE_TIMEOUT_S)
+    sock.settimeout(idle_timeout_s)
     return head
 
 
@@ -154,15 +154,17 @@ def request_path(target: str) -> str:
 class _Handler(http.server.BaseHTTPRequestHandler):
     """One connection: its head read under the deadline, then one request answered within its bound."""
 
-    metrics: _RenderCache  # set by _handler_class, with the two below
+    metrics: _RenderCache  # set by _handler_class, with the three below
     checks: dict[str, Check]
+    header_deadline_s: float
+    idle_timeout_s: float
     server_version = f"nvidia-device-plugin/{__version__}"
     busy: str | None = None  # why this request is answered 503 at once (its bound is full)
 
     def handle(self) -> None:
         server = self.server
         assert isinstance(server, _Server)
-        head = read_head(self.connection, time.monotonic() + HEADER_DEADLINE_S)
+        head = read_head(self.connection, time.monotonic() + self.header_deadline_s, self.idle_timeout_s)
         server.head_read(self.connection)
         if head is None:
             log.debug("http: a client sent no complete request head in time; closed")
@@ -225,12 +227,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-def _handler_class(metrics: _RenderCache, liveness: Check, readiness: Check) -> type[_Handler]:
+def _handler_class(
+    metrics: _RenderCache, liveness: Check, readiness: Check, idle_timeout_s: float, header_deadline_s: float
+) -> type[_Handler]:
     class Handler(_Handler):
-        timeout = IDLE_TIMEOUT_S  # socket timeout (read when the server is built): idle clients go
+        timeout = idle_timeout_s  # the socket timeout: idle clients go
 
     Handler.metrics = metrics
     Handler.checks = {"/healthz": liveness, "/readyz": readiness}
+    Handler.header_deadline_s, Handler.idle_timeout_s = header_deadline_s, idle_timeout_s
     return Handler
 
 
@@ -300,7 +305,10 @@ class _Server6(_Server):
 
 
 class ProbeServer(Worker):
-    """The HTTP server: start() binds, then serves on its thread ("probes-http"); stop() shuts it down."""
+    """The HTTP server: start() binds, then serves on its thread ("probes-http"); stop() shuts it down.
+
+    The bounds of the module's docstring are parameters with those defaults (tests shorten or lengthen them).
+    """
 
     def __init__(
         self,
@@ -309,11 +317,15 @@ class ProbeServer(Worker):
         liveness: Check,
         readiness: Check,
         negotiate: Negotiate = str,
+        *,
+        render_cache_s: float = RENDER_CACHE_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        header_deadline_s: float = HEADER_DEADLINE_S,
     ) -> None:
         super().__init__("probes-http")
         self.address = address
-        cache = _RenderCache(render_metrics, negotiate, RENDER_CACHE_S, SCRAPE_SPACING_S)
-        self._handler = _handler_class(cache, liveness, readiness)
+        cache = _RenderCache(render_metrics, negotiate, render_cache_s, SCRAPE_SPACING_S)
+        self._handler = _handler_class(cache, liveness, readiness, idle_timeout_s, header_deadline_s)
         self._server: _Server | None = None
         self.host = ""
         self.port = 0

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from cdi_support import cdi_config, defined_names
 
-from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.cdi.model import CDI_VENDOR
 from nvidia_device_plugin.config.v1 import Config
@@ -161,21 +160,21 @@ def _cdi_rejections(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+FAST_RETRIES = {"reload_retry_min_s": 0.02, "reload_retry_max_s": 0.08}  # DaemonOptions of these tests
+
+
 @pytest.fixture
-def fast_retries(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> pytest.LogCaptureFixture:
-    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.02)
-    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MAX_S", 0.08)
-    caplog.set_level(logging.DEBUG, logger="nvidia_device_plugin.snapshot")
+def retry_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """The follower's log lines, retries included (logged at debug after the first)."""
+    caplog.set_level(logging.DEBUG, logger="nvidia_device_plugin.daemons.follower")
     return caplog
 
 
 def test_a_driver_root_briefly_unusable_during_a_reload_keeps_serving_and_the_reload_lands_by_itself(
-    plugin_dir: Path, kubelet: KubeletStandIn, daemons: list[Daemon], fast_retries: pytest.LogCaptureFixture
+    plugin_dir: Path, kubelet: KubeletStandIn, daemons: list[Daemon], retry_log: pytest.LogCaptureFixture
 ) -> None:
     configs = [cdi_config("cdi-cri")]
-    daemon = start_daemon(plugin_dir, "dgx-a100", lambda: configs[-1])
+    daemon = start_daemon(plugin_dir, "dgx-a100", lambda: configs[-1], **FAST_RETRIES)
     daemons.append(daemon)
     assert kubelet.wait_for_resources([GPU])
     assert daemon.nvml is not None and daemon.nvml.host.driver_root is not None
@@ -187,22 +186,22 @@ def test_a_driver_root_briefly_unusable_during_a_reload_keeps_serving_and_the_re
     assert len(kubelet.devices(GPU)) == 8  # the last good config and its specs keep serving
     readiness = daemon.readiness() or ""
     assert "driver root" in readiness and "retrying with backoff" in readiness
-    assert kubelet.wait_for(lambda: _retries(fast_retries) >= 3)  # retried, and still failing
+    assert kubelet.wait_for(lambda: _retries(retry_log) >= 3)  # retried, and still failing
     away.rename(root)  # the fault passes
 
     assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16)  # no SIGHUP, no config change
     assert daemon.readiness() is None
     names = allocate_each(kubelet, GPU)
     assert names and set(names) <= defined_names(spec_dir(daemon))
-    [rejected] = _cdi_rejections(fast_retries)  # one line for the one reason, however many retries
+    [rejected] = _cdi_rejections(retry_log)  # one line for the one reason, however many retries
     assert "the driver root" in rejected and "retrying with backoff" in rejected
 
 
 def test_a_spec_directory_briefly_unusable_during_a_reload_keeps_serving_and_the_reload_lands_by_itself(
-    plugin_dir: Path, kubelet: KubeletStandIn, daemons: list[Daemon], fast_retries: pytest.LogCaptureFixture
+    plugin_dir: Path, kubelet: KubeletStandIn, daemons: list[Daemon], retry_log: pytest.LogCaptureFixture
 ) -> None:
     configs = [cdi_config("cdi-cri")]
-    daemon = start_daemon(plugin_dir, "dgx-a100", lambda: configs[-1])
+    daemon = start_daemon(plugin_dir, "dgx-a100", lambda: configs[-1], **FAST_RETRIES)
     daemons.append(daemon)
     assert kubelet.wait_for_resources([GPU])
     directory = spec_dir(daemon)
@@ -213,26 +212,29 @@ def test_a_spec_directory_briefly_unusable_during_a_reload_keeps_serving_and_the
     assert not daemon.reload("test")
     assert len(kubelet.devices(GPU)) == 8
     assert "cannot write the CDI spec" in (daemon.readiness() or "")
-    assert kubelet.wait_for(lambda: _retries(fast_retries) >= 3)
+    assert kubelet.wait_for(lambda: _retries(retry_log) >= 3)
     directory.unlink()
     away.rename(directory)
 
     assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16)
     names = allocate_each(kubelet, GPU)
     assert names and set(names) <= defined_names(directory)
-    assert len(_cdi_rejections(fast_retries)) == 1
+    assert len(_cdi_rejections(retry_log)) == 1
 
 
 def test_a_driver_root_mounted_after_start_is_served_without_a_sighup(
-    plugin_dir: Path, kubelet: KubeletStandIn, fast_retries: pytest.LogCaptureFixture
+    plugin_dir: Path, kubelet: KubeletStandIn, retry_log: pytest.LogCaptureFixture
 ) -> None:
     moved: list[Path] = []
     session = _session_without_driver_root(lambda root: moved.append(root.rename(root.with_name("later"))))
-    daemon = Daemon(DaemonOptions(plugin_dir, lambda: cdi_config("cdi-cri"), lambda: session))
+    options = DaemonOptions(plugin_dir, lambda: cdi_config("cdi-cri"), lambda: session)
+    options.reload_retry_min_s = FAST_RETRIES["reload_retry_min_s"]
+    options.reload_retry_max_s = FAST_RETRIES["reload_retry_max_s"]
+    daemon = Daemon(options)
     daemon.start()
     try:
         assert daemon.manager.served() == set()
-        assert kubelet.wait_for(lambda: _retries(fast_retries) >= 2)
+        assert kubelet.wait_for(lambda: _retries(retry_log) >= 2)
         assert session.host.driver_root is not None
         moved[0].rename(session.host.driver_root)
         assert kubelet.wait_for_resources([GPU])  # the retry found it
@@ -247,10 +249,10 @@ def test_cdi_faults_during_reloads_never_leave_the_node_without_its_gpus(
     plugin_dir: Path,
     kubelet: KubeletStandIn,
     daemons: list[Daemon],
-    fast_retries: pytest.LogCaptureFixture,
+    retry_log: pytest.LogCaptureFixture,
 ) -> None:
     configs = [cdi_config("cdi-cri")]
-    daemon = start_daemon(plugin_dir, "dgx-a100", lambda: configs[-1])
+    daemon = start_daemon(plugin_dir, "dgx-a100", lambda: configs[-1], **FAST_RETRIES)
     daemons.append(daemon)
     assert kubelet.wait_for_resources([GPU])
     assert daemon.nvml is not None and daemon.nvml.host.driver_root is not None

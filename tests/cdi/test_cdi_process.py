@@ -25,6 +25,7 @@ from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
+from support.waiting import scaled
 
 
 class DaemonProcess:
@@ -57,10 +58,10 @@ class DaemonProcess:
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=30)
+            return self.proc.wait(timeout=scaled(30))
         finally:
             self.proc.kill()
-            self._reader.join(timeout=30)
+            self._reader.join(timeout=scaled(30))
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def daemon_process(plugin_dir: Path, config_file: Path) -> Iterator[DaemonProces
 def _reload(process: DaemonProcess, kubelet: KubeletStandIn) -> None:
     before = process.count("config reloaded")
     process.proc.send_signal(signal.SIGHUP)
-    assert kubelet.wait_for(lambda: process.count("config reloaded") > before, timeout=30), "".join(
+    assert kubelet.wait_for(lambda: process.count("config reloaded") > before, timeout=scaled(30)), "".join(
         process.lines
     )
 
@@ -91,7 +92,7 @@ def _reload(process: DaemonProcess, kubelet: KubeletStandIn) -> None:
 def test_the_names_an_admitted_pod_holds_resolve_after_the_config_stops_serving_them(
     plugin_dir: Path, config_file: Path, kubelet: KubeletStandIn, daemon_process: DaemonProcess
 ) -> None:
-    assert kubelet.wait_for_resources([GPU], timeout=30)
+    assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
     ids, response = kubelet.admit(GPU, 2)
     held = {d.name for d in response.cdi_devices}
     assert len(held) == 2 and all(n.startswith(f"{CDI_VENDOR}/gpu=GPU-") for n in held)

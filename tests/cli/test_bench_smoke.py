@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.waiting import scaled
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,7 +21,7 @@ def run_bench(output_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
 
 

@@ -16,6 +16,7 @@ import pytest
 from nvidia_device_plugin.cli.main import main
 
 from support.configs import configmap_volume as configmap_dir
+from support.waiting import scaled
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 BENCH_NODES = Path(__file__).resolve().parents[2] / "bench" / "nodes"
@@ -120,7 +121,7 @@ def test_simulate_refuses_what_run_refuses_on_that_node(
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert run.returncode == 1  # and run does refuse it, with the same sentence
     assert (

@@ -10,6 +10,8 @@ import pytest
 
 from nvidia_device_plugin.cli.main import COMMANDS, build_parser
 
+from support.waiting import scaled
+
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
@@ -32,14 +34,14 @@ def test_every_command_parses_with_its_defaults(command: str) -> None:
 def test_no_command_is_run() -> None:
     # --metrics-address is run's own flag: any other command would refuse it (exit 2) before starting.
     proc = run_cli("--simulate", "no-such-node", "--metrics-address", "")
-    output, _ = proc.communicate(timeout=30)
+    output, _ = proc.communicate(timeout=scaled(30))
     assert proc.returncode == 1, output
     assert "simulated node 'no-such-node' is neither a preset" in output
 
 
 def test_demo_command() -> None:
     proc = run_cli("demo")
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=scaled(60))
     assert proc.returncode == 0, output
     assert "nvidia.com/gpu: 8 devices" in output
     assert "env NVIDIA_VISIBLE_DEVICES=GPU-" in output
@@ -47,10 +49,10 @@ def test_demo_command() -> None:
 
 def test_version_and_help() -> None:
     proc = run_cli("--version")
-    output, _ = proc.communicate(timeout=30)
+    output, _ = proc.communicate(timeout=scaled(30))
     assert proc.returncode == 0 and output.startswith("nvidia-device-plugin 0.")
     proc = run_cli("--help")
-    output, _ = proc.communicate(timeout=30)
+    output, _ = proc.communicate(timeout=scaled(30))
     assert proc.returncode == 0 and all(c in output for c in ("run", "demo", "plan", "check-config"))
 
 

@@ -12,6 +12,8 @@ import pytest
 
 from nvidia_device_plugin.cli.main import main
 
+from support.waiting import scaled
+
 TYPO = """version: v1
 flags: {plugin: {passDeviceSpec: true}}
 sharing:
@@ -64,7 +66,7 @@ def test_run_reports_every_mistake_with_its_hint(typo: Path, tmp_path: Path) -> 
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert run.returncode == 1
     assert f"{typo}: " + "; ".join(MISTAKES) in run.stderr

@@ -19,6 +19,7 @@ import pytest
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
+from support.waiting import scaled
 
 # Runs the command through the real entry point, then reports which modules ended up loaded.
 _REPORT_MODULES = """
@@ -66,7 +67,7 @@ def _modules(output: str) -> set[str]:
 
 def _run_command(*argv: str) -> set[str]:
     proc = subprocess.run(
-        [sys.executable, "-c", _REPORT_MODULES, *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _REPORT_MODULES, *argv], capture_output=True, text=True, timeout=scaled(60)
     )
     assert proc.returncode == 0, proc.stderr
     return _modules(proc.stdout)
@@ -114,9 +115,9 @@ def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(
         text=True,
     )
     try:
-        assert kubelet.wait_for_resources([GPU], timeout=30)
+        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
         proc.send_signal(signal.SIGTERM)
-        output, errors = proc.communicate(timeout=30)
+        output, errors = proc.communicate(timeout=scaled(30))
     finally:
         proc.kill()
     assert proc.returncode == 0, errors

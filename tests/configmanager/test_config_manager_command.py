@@ -19,7 +19,7 @@ import pytest
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.namespaces import pid_namespace_prefix
 from support.signal_targets import start_recorder
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
 
@@ -51,7 +51,7 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
     for process in started:
         if process.poll() is None:
             process.kill()
-        process.communicate(timeout=30)
+        process.communicate(timeout=scaled(30))
 
 
 def _start(
@@ -69,12 +69,16 @@ def test_without_fallback_strategies_an_unlabelled_node_gets_no_config(tmp_path:
     """NVIDIA's binary has no default strategies (only its chart sets `named,single`): exit 1, no link."""
     with FakeApiServer({}) as server:
         env = _environment(tmp_path, server, ["default", "x"], ONESHOT="true", SEND_SIGNAL="false")
-        bare = subprocess.run([COMMAND], env=env, capture_output=True, text=True, timeout=60, check=False)
+        bare = subprocess.run(
+            [COMMAND], env=env, capture_output=True, text=True, timeout=scaled(60), check=False
+        )
         assert bare.returncode == 1, bare.stderr
         assert "fallback strategies (none) found nothing (available: default, x)" in bare.stderr
         assert _target(tmp_path) is None
         charted = {**env, "FALLBACK_STRATEGIES": "named,single"}  # as the charts set it
-        done = subprocess.run([COMMAND], env=charted, capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [COMMAND], env=charted, capture_output=True, text=True, timeout=scaled(60), check=False
+        )
     assert done.returncode == 0, done.stderr
     assert _target(tmp_path) == str(tmp_path / "available-configs" / "default")
 
@@ -94,7 +98,7 @@ def test_without_send_signal_a_change_sends_sighup(
         server.set_label("b")
         wait_for(lambda: marker.read_text() == "hup\nhup\n", "SIGHUP after the label change")
         manager.send_signal(signal.SIGTERM)
-        _, err = manager.communicate(timeout=30)
+        _, err = manager.communicate(timeout=scaled(30))
     assert _target(tmp_path) == str(tmp_path / "available-configs" / "b")
     assert f"sent signal 1 to {name} (pid {plugin.pid})" in err
 
@@ -106,7 +110,7 @@ def test_an_empty_send_signal_means_false(tmp_path: Path, processes: list[subpro
         manager = _start(processes, [COMMAND], env)
         wait_for(lambda: len(server.watches()) == 1, "the watch (the link and any signal come before it)")
         manager.send_signal(signal.SIGTERM)
-        _, err = manager.communicate(timeout=30)
+        _, err = manager.communicate(timeout=scaled(30))
     assert _target(tmp_path) == str(tmp_path / "available-configs" / "a")
     assert "sent signal" not in err and "no process named" not in err, err
 
@@ -124,7 +128,7 @@ def test_a_stop_signal_ends_the_sidecar_quietly_killed_by_that_signal(
         manager = _start(processes, [COMMAND], _environment(tmp_path, server, ["a"], SEND_SIGNAL="false"))
         wait_for(lambda: len(server.watches()) == 1, "the watch")
         manager.send_signal(signum)
-        _, err = manager.communicate(timeout=30)
+        _, err = manager.communicate(timeout=scaled(30))
     assert manager.returncode == -signum, err
     assert f"INFO nvidia_device_plugin.configmanager: config-manager: {signum.name} received" in err, err
     assert "ERROR" not in err and "Traceback" not in err, err
@@ -149,6 +153,6 @@ def test_as_pid_1_of_its_container_sigterm_gives_exit_status_143(
         child = _only_child(unshare.pid)
         assert child is not None, "unshare runs config-manager as its only child"
         os.kill(child, signal.SIGTERM)  # from outside its namespace, as the container runtime sends it
-        _, err = unshare.communicate(timeout=30)
+        _, err = unshare.communicate(timeout=scaled(30))
     assert unshare.returncode == 143, err
     assert "config-manager: SIGTERM received" in err and "ERROR" not in err, err

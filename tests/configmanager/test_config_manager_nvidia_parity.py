@@ -23,7 +23,6 @@ import pytest
 
 from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.document import read_config_document
-from nvidia_device_plugin.configmanager import manager as manager_module
 from nvidia_device_plugin.configmanager import nodewatch
 from nvidia_device_plugin.configmanager.manager import ConfigManager
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
@@ -31,7 +30,7 @@ from nvidia_device_plugin.configmanager.processes import find_processes
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer, write_kubeconfig
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
 
@@ -51,7 +50,7 @@ def _environment(tmp_path: Path, url: str, names: list[str], **extra: str) -> di
     }
 
 
-def _run(env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def _run(env: dict[str, str], timeout: float = scaled(90)) -> subprocess.CompletedProcess[str]:
     # The timeout only ends a hung run; it is no speed assertion.
     return subprocess.run([COMMAND], env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -125,9 +124,8 @@ def test_oneshot_against_an_api_server_that_never_answers_exits_1_naming_the_wai
     assert "Traceback" not in done.stderr
 
 
-def test_oneshot_is_bounded_as_a_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_oneshot_is_bounded_as_a_whole(tmp_path: Path) -> None:
     """Past each request's timeouts (a server trickling its answer passes every read timeout)."""
-    monkeypatch.setattr(manager_module, "ONESHOT_TIMEOUT_S", 0.5)
     settings = parse_settings(
         [],
         {
@@ -138,7 +136,7 @@ def test_oneshot_is_bounded_as_a_whole(tmp_path: Path, monkeypatch: pytest.Monke
         },
     )
     with _SilentServer() as server:
-        assert ConfigManager(settings, api_client_for(server.url)).run_once() == 1
+        assert ConfigManager(settings, api_client_for(server.url), oneshot_timeout_s=0.5).run_once() == 1
 
 
 @pytest.mark.parametrize(
@@ -185,7 +183,10 @@ def test_a_huge_label_value_is_logged_cut(tmp_path: Path) -> None:
 # ---- item 8b: a watch that ends after each event -----------------------------------------------------------
 
 
-def _follow_in_thread(tmp_path: Path, server: FakeApiServer) -> tuple[threading.Event, threading.Thread]:
+def _follow_in_thread(
+    tmp_path: Path, server: FakeApiServer, **bounds: float
+) -> tuple[threading.Event, threading.Thread]:
+    """ConfigManager following `server` in a thread; `bounds` (watch_healthy_s, ...) as given."""
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "a").write_text("version: v1\n")
     env = {
@@ -194,29 +195,29 @@ def _follow_in_thread(tmp_path: Path, server: FakeApiServer) -> tuple[threading.
         "CONFIG_FILE_DST": str(tmp_path / "config.yaml"),
         "SEND_SIGNAL": "false",
     }
-    manager = ConfigManager(parse_settings([], env), api_client_for(server.url))
+    manager = ConfigManager(parse_settings([], env), api_client_for(server.url), **bounds)
     stop = threading.Event()
     thread = threading.Thread(target=manager.run, args=(stop,), name="config-manager")
     thread.start()
     return stop, thread
 
 
-def _watches(tmp_path: Path, enough: Callable[[FakeApiServer], object]) -> int:
+def _watches(tmp_path: Path, enough: Callable[[FakeApiServer], object], **bounds: float) -> int:
     """Follow a server whose every watch delivers one event and ends, until `enough` says so; how many
     watches it saw."""
     with FakeApiServer({LABEL: "a"}) as server:
         for _ in range(300):  # every watch: one event, then the stream ends
             server.set_label("a")
             server.feed.put(CLOSE_STREAM)
-        stop, thread = _follow_in_thread(tmp_path, server)
+        stop, thread = _follow_in_thread(tmp_path, server, **bounds)
         try:
-            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=30)
+            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=scaled(30))
             enough(server)
             count = len(server.watches())
         finally:
             stop.set()
             server.__exit__()
-            thread.join(timeout=30)
+            thread.join(timeout=scaled(30))
     assert not thread.is_alive()
     return count
 
@@ -227,16 +228,13 @@ def test_watches_that_end_after_one_event_are_reopened_after_client_gos_backoff(
     assert count <= 4, f"{count} watches in 3 s"
 
 
-def test_a_watch_that_lived_long_enough_resets_the_backoff(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(manager_module, "WATCH_HEALTHY_S", 0.0)  # every watch counts as a healthy one
+def test_a_watch_that_lived_long_enough_resets_the_backoff(tmp_path: Path) -> None:
 
     def eight_watches(server: FakeApiServer) -> None:
         # Without the reset, the 8th watch would come after 0.8 + 1.6 + ... + 30 s >= 80 s of backoff.
-        wait_for(lambda: len(server.watches()) >= 8, "8 watches, each reopened at once", timeout=60)
+        wait_for(lambda: len(server.watches()) >= 8, "8 watches, each reopened at once", timeout=scaled(60))
 
-    assert _watches(tmp_path, eight_watches) >= 8
+    assert _watches(tmp_path, eight_watches, watch_healthy_s=0.0) >= 8  # every watch counts as healthy
 
 
 def test_the_backoff_starts_again_after_reset() -> None:
@@ -257,7 +255,7 @@ def test_the_sidecar_exits_1_on_a_label_naming_no_config(tmp_path: Path) -> None
         try:
             wait_for(lambda: len(server.watches()) == 1, "the watch")
             server.set_label("typo")
-            _, err = process.communicate(timeout=60)
+            _, err = process.communicate(timeout=scaled(60))
         finally:
             if process.poll() is None:
                 process.kill()
@@ -271,9 +269,9 @@ def test_no_process_to_signal_exits_1_in_oneshot_and_in_the_sidecar(tmp_path: Pa
     nobody = f"no-such-plugin-{os.getpid()}"
     with FakeApiServer({LABEL: "a"}) as server:
         env = _environment(tmp_path, server.url, ["a"], PROCESS_TO_SIGNAL=nobody)  # SEND_SIGNAL: default true
-        sidecar = _run(env, timeout=60)
+        sidecar = _run(env, timeout=scaled(60))
         (tmp_path / "config.yaml").unlink()
-        oneshot = _run({**env, "ONESHOT": "true"}, timeout=60)
+        oneshot = _run({**env, "ONESHOT": "true"}, timeout=scaled(60))
     for done in (sidecar, oneshot):
         assert done.returncode == 1, done.stderr
         assert f"no process named {nobody} is there to signal" in done.stderr
@@ -282,7 +280,7 @@ def test_no_process_to_signal_exits_1_in_oneshot_and_in_the_sidecar(tmp_path: Pa
 def test_the_empty_fallback_links_dev_null_which_the_plugin_reads_as_the_empty_config(tmp_path: Path) -> None:
     with FakeApiServer({}) as server:
         env = _environment(tmp_path, server.url, ["a", "b"], FALLBACK_STRATEGIES="empty", ONESHOT="true")
-        done = _run({**env, "SEND_SIGNAL": "false"}, timeout=60)
+        done = _run({**env, "SEND_SIGNAL": "false"}, timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     assert os.readlink(tmp_path / "config.yaml") == os.devnull
     assert read_config_document(tmp_path / "config.yaml") is None

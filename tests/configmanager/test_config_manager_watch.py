@@ -24,7 +24,7 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 
 def _configs(tmp_path: Path, names: list[str]) -> Path:
@@ -63,7 +63,7 @@ def running(tmp_path: Path) -> Iterator[Callable[..., tuple[FakeApiServer, Path,
     for server, stop, thread in started:
         stop.set()
         server.__exit__()  # ends the open watch stream, so the manager's read returns
-        thread.join(timeout=30)
+        thread.join(timeout=scaled(30))
         assert not thread.is_alive(), "the config-manager loop did not stop"
 
 
@@ -176,12 +176,16 @@ def test_oneshot_command_links_once_and_exits(tmp_path: Path) -> None:
             "SEND_SIGNAL": "false",  # its default is true: never signal the machine's plugin processes
         }
         command = [str(Path(sys.executable).parent / "config-manager")]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=scaled(60), check=False
+        )
         assert done.returncode == 0, done.stderr
         assert _target(dst) == str(srcdir / "b")
         assert server.watches() == [], "ONESHOT must not watch"
         server.set_label("missing", announce=False)
-        failed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+        failed = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=scaled(60), check=False
+        )
     assert failed.returncode == 1
     assert f"{LABEL}=missing names no config (available: a, b)" in failed.stderr
     assert _target(dst) == str(srcdir / "b"), "a failed ONESHOT must leave the link alone"

@@ -46,7 +46,7 @@ def _daemon(tmp_path: Path, plugin_dir: Path, server: FakeApiServer, *extra: str
 
 def _stop(process: subprocess.Popen[str]) -> str:
     process.send_signal(signal.SIGTERM)
-    _, err = process.communicate(timeout=30)
+    _, err = process.communicate(timeout=scaled(30))
     return err
 
 
@@ -56,7 +56,7 @@ def test_the_label_chooses_the_config_and_a_label_change_reloads_live(
     with FakeApiServer({LABEL: "shared"}) as server:
         process = _daemon(tmp_path, plugin_dir, server)
         try:
-            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=30)
+            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=scaled(30))
             server.set_label("default")
             assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=scaled(15))
             server.set_label(None)  # unlabelled: NVIDIA's fallback `named` takes the key "default"
@@ -76,6 +76,6 @@ def test_a_label_naming_no_config_stops_the_start_with_a_clear_error(
 ) -> None:
     with FakeApiServer({LABEL: "h100-special"}) as server:
         process = _daemon(tmp_path, plugin_dir, server)
-        _, err = process.communicate(timeout=60)
+        _, err = process.communicate(timeout=scaled(60))
     assert process.returncode == 1
     assert f"{LABEL}=h100-special names no config (available: default, shared)" in err

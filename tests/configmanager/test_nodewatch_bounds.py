@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -27,9 +28,13 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
-Start = Callable[[FakeApiServer], Path]
+
+class Start(Protocol):
+    """Follows `server` with a ConfigManager (its relist backoff starting at `relist_initial_s`)."""
+
+    def __call__(self, server: FakeApiServer, relist_initial_s: float = ...) -> Path: ...
 
 
 @pytest.fixture
@@ -37,7 +42,7 @@ def following(tmp_path: Path) -> Iterator[Start]:
     """Run a ConfigManager against `server` in a thread (stopped afterwards); returns the link it keeps."""
     started: list[tuple[threading.Event, threading.Thread, ConfigManager]] = []
 
-    def start(server: FakeApiServer) -> Path:
+    def start(server: FakeApiServer, relist_initial_s: float = nodewatch.RELIST_INITIAL_S) -> Path:
         srcdir = tmp_path / "configs"
         srcdir.mkdir()
         for name in ("a", "b"):
@@ -45,7 +50,9 @@ def following(tmp_path: Path) -> Iterator[Start]:
         dst = tmp_path / "config.yaml"
         env = {"NODE_NAME": NODE, "CONFIG_FILE_SRCDIR": str(srcdir), "CONFIG_FILE_DST": str(dst)}
         env["SEND_SIGNAL"] = "false"  # its default is true: never signal the machine's plugin processes
-        manager = ConfigManager(parse_settings([], env), api_client_for(server.url))
+        manager = ConfigManager(
+            parse_settings([], env), api_client_for(server.url), relist_initial_s=relist_initial_s
+        )
         stop = threading.Event()
         thread = threading.Thread(target=manager.run, args=(stop,), name="config-manager")
         thread.start()
@@ -56,7 +63,7 @@ def following(tmp_path: Path) -> Iterator[Start]:
     for stop, thread, manager in started:
         stop.set()
         manager.interrupt()
-        thread.join(timeout=30)
+        thread.join(timeout=scaled(30))
         assert not thread.is_alive(), "the config-manager loop did not stop"
 
 
@@ -71,15 +78,12 @@ def list_times(server: FakeApiServer, count: int, timeout: float) -> list[float]
     return seen
 
 
-def test_410_on_every_watch_backs_off_as_client_gos_reflector(
-    following: Start, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(nodewatch, "RELIST_INITIAL_S", 0.1)  # read when the reader is made
+def test_410_on_every_watch_backs_off_as_client_gos_reflector(following: Start) -> None:
     with FakeApiServer({LABEL: "a"}) as server:
         for _ in range(200):
             server.expire_watch()  # every watch gets 410 at once
-        following(server)
-        times = list_times(server, 5, timeout=30)
+        following(server, relist_initial_s=0.1)
+        times = list_times(server, 5, timeout=scaled(30))
         assert len(times) == 5, f"only {len(server.lists())} lists"
         gaps = [b - a for a, b in itertools.pairwise(times)]
         # Each relist waits at least the backoff: 0.1 s doubling (plus up to as much again, at random).
@@ -115,12 +119,12 @@ def test_the_config_manager_sidecar_does_not_hammer_an_api_server_that_expires_e
         command = [str(Path(sys.executable).parent / "config-manager")]
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         try:
-            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=30)
+            wait_for(lambda: len(server.watches()) >= 1, "the first watch", timeout=scaled(30))
             time.sleep(3.0)  # an observation window: a tight loop made ~120 requests in it
             lists = len(server.lists())
         finally:
             process.terminate()
-            _, err = process.communicate(timeout=30)
+            _, err = process.communicate(timeout=scaled(30))
     # Lists at 0 s, then after >= 0.8 s and >= 1.6 s more: at most 3 in the window, 4 with the first.
     assert lists <= 4, f"{lists} lists in 3 s"
     assert "expired" in err
@@ -135,7 +139,7 @@ def test_a_watch_line_past_the_bound_is_refused_and_the_watch_lists_again(
         huge = {"type": "MODIFIED", "object": json.loads(json.dumps(server.node))}
         huge["object"]["metadata"]["labels"][LABEL] = "x" * (48 * 1024 * 1024)  # a 48 MiB line
         server.feed.put(huge)
-        wait_for(lambda: len(server.lists()) >= 2, "a new list after the refused line", timeout=60)
+        wait_for(lambda: len(server.lists()) >= 2, "a new list after the refused line", timeout=scaled(60))
         assert "sent more than 8 MiB in one answer" in caplog.text
         assert os.readlink(dst).endswith("/a"), "the refused event must change nothing"
         server.set_label("b")

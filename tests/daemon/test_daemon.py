@@ -21,6 +21,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator, start_daemon
+from support.kubelet_standin import kubelet_standin
 from support.waiting import scaled
 
 
@@ -73,7 +74,7 @@ def test_starts_before_kubelet(plugin_dir: Path) -> None:
     daemon = start_daemon(plugin_dir, "t4-single")
     try:
         assert (plugin_dir / "nvidia-gpu.sock").exists()
-        with KubeletStandIn(plugin_dir) as kubelet:
+        with kubelet_standin(plugin_dir) as kubelet:
             assert kubelet.wait_for_resources([GPU])
             assert len(kubelet.devices(GPU)) == 1
             device = next(iter(kubelet.devices(GPU).values()))
@@ -185,11 +186,11 @@ def test_run_command_serves_until_sigterm_and_cleans_up(plugin_dir: Path, kubele
         "run", "--simulate", "dgx-a100", "--device-plugin-path", str(plugin_dir), "--metrics-address", ""
     )
     try:
-        assert kubelet.wait_for_resources([GPU], timeout=30)
+        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
         proc.send_signal(signal.SIGHUP)  # forced reload: same config, still served
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8)
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
+        output, _ = proc.communicate(timeout=scaled(30))
     finally:
         proc.kill()
     assert proc.returncode == 0, output
@@ -211,7 +212,7 @@ def test_sighup_with_a_config_that_cannot_be_loaded_is_a_rejected_reload_not_an_
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), name="daemon-output")
     try:
         reader.start()
-        assert kubelet.wait_for_resources([GPU], timeout=30)
+        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
         config.write_text("[" * 700 + "]" * 700)  # nested 700 deep: a RecursionError for a naive loader
         proc.send_signal(signal.SIGHUP)
         assert kubelet.wait_for(lambda: any("nested more than" in line for line in lines))
@@ -221,11 +222,11 @@ def test_sighup_with_a_config_that_cannot_be_loaded_is_a_rejected_reload_not_an_
         assert kubelet.wait_for(lambda: any("named pipe (FIFO)" in line for line in lines))
         assert len(kubelet.devices(GPU)) == 8  # the last good config still serves
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        proc.wait(timeout=scaled(30))
     finally:
         proc.kill()
         if reader.is_alive():
-            reader.join(timeout=30)
+            reader.join(timeout=scaled(30))
     assert proc.returncode == 0, "".join(lines)
     assert sum("rejected, still serving the previous config" in line for line in lines) >= 2
 
@@ -237,10 +238,10 @@ def test_env_var_selects_plugin_dir_and_node(plugin_dir: Path, kubelet: KubeletS
         env={"DEVICE_PLUGIN_PATH": str(plugin_dir), "NVDP_SIMULATE": "mixed-a100-h100"},
     )
     try:
-        assert kubelet.wait_for_resources([GPU], timeout=30)
+        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
         assert len(kubelet.devices(GPU)) == 4
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        proc.communicate(timeout=scaled(30))
     finally:
         proc.kill()
     assert proc.returncode == 0
@@ -356,7 +357,9 @@ def test_healthz_fails_while_a_resource_is_unregistered_and_passes_once_register
     def healthz() -> tuple[int, str]:
         assert daemon.probes is not None
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{daemon.probes.port}/healthz", timeout=5) as r:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{daemon.probes.port}/healthz", timeout=scaled(5)
+            ) as r:
                 return int(r.status), r.read().decode()
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
@@ -364,7 +367,7 @@ def test_healthz_fails_while_a_resource_is_unregistered_and_passes_once_register
     try:
         status, body = healthz()  # no kubelet: served, never registered
         assert status == 503 and "not registered with kubelet: nvidia.com/gpu" in body
-        with KubeletStandIn(plugin_dir) as kubelet:
+        with kubelet_standin(plugin_dir) as kubelet:
             assert kubelet.wait_for(lambda: healthz() == (200, "ok\n"))
     finally:
         daemon.stop()

@@ -20,7 +20,7 @@ from nvidia_device_plugin.labels.writer import LabelsOptions
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, simulated_options, start_daemon
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 # The threads of a daemon with probes, a watched config file and a labels file on a GPU node.
 DAEMON_THREADS = {
@@ -42,7 +42,7 @@ def thread_names(since: set[threading.Thread] | None = None) -> set[str]:
 
 def healthz(port: int) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=scaled(5)) as response:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()

@@ -32,12 +32,13 @@ from nvidia_device_plugin.health.registry import HealthRegistry
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import PluginManager
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
-from nvidia_device_plugin.telemetry import probes
 from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, SnapshotView
 from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator
+from support.kubelet_standin import kubelet_standin
+from support.waiting import scaled
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_2G = "nvidia.com/mig-2g.20gb"
@@ -58,16 +59,16 @@ def mixed_config(gpu_replicas: int = 4, mig_replicas: int | None = 2) -> Config:
     )
 
 
-@pytest.fixture(autouse=True)
-def fresh_scrapes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every scrape renders anew: the ProbeServer reads RENDER_CACHE_S when the daemon builds it."""
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 0.0)
+# Every scrape renders anew: each daemon and server here is built with no render cache window.
+FRESH_SCRAPES = {"metrics_render_cache_s": 0.0}
 
 
 @contextmanager
 def running(plugin_dir: Path, node: str, load_config: Callable[[], Config]) -> Iterator[Daemon]:
     """A started daemon on a simulated node serving HTTP on a free port; stopped on the way out."""
-    daemon = Daemon(simulated_options(plugin_dir, node, load_config, metrics_address="127.0.0.1:0"))
+    daemon = Daemon(
+        simulated_options(plugin_dir, node, load_config, metrics_address="127.0.0.1:0", **FRESH_SCRAPES)
+    )
     daemon.start()
     try:
         yield daemon
@@ -103,7 +104,9 @@ def no_driver() -> NvmlSession:
 @pytest.fixture
 def idle(plugin_dir: Path) -> Iterator[Daemon]:
     """A daemon on a node where NVML cannot load and failOnInitError is false: it serves nothing."""
-    options = simulated_options(plugin_dir, load_config=lambda: Config(flags=Flags(fail_on_init_error=False)))
+    options = simulated_options(
+        plugin_dir, load_config=lambda: Config(flags=Flags(fail_on_init_error=False)), **FRESH_SCRAPES
+    )
     options.open_nvml, options.metrics_address = no_driver, "127.0.0.1:0"
     daemon = Daemon(options)
     daemon.start()
@@ -121,7 +124,7 @@ def port_of(daemon: Daemon) -> int:
 
 def get(port: int, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=scaled(5)) as response:
             return int(response.status), response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
@@ -137,7 +140,9 @@ def scrape(daemon: Daemon) -> Families:
     return {family.name: family.samples for family in text_string_to_metric_families(text)}
 
 
-def scrape_until(daemon: Daemon, predicate: Callable[[Families], bool], timeout: float = 10.0) -> Families:
+def scrape_until(
+    daemon: Daemon, predicate: Callable[[Families], bool], timeout: float = scaled(10.0)
+) -> Families:
     """Scrape until predicate holds: registrar threads count a moment after kubelet has seen the call."""
     deadline = time.monotonic() + timeout
     while True:
@@ -191,7 +196,7 @@ def mig_uuids(daemon: Daemon, gpu_index: int) -> list[str]:
 
 
 def test_a_malformed_address_fails_the_daemon_start_naming_the_flag(plugin_dir: Path) -> None:
-    daemon = Daemon(simulated_options(plugin_dir, metrics_address="localhost"))
+    daemon = Daemon(simulated_options(plugin_dir, metrics_address="localhost", **FRESH_SCRAPES))
     try:
         with pytest.raises(ConfigError, match="--metrics-address"):
             daemon.start()
@@ -200,7 +205,8 @@ def test_a_malformed_address_fails_the_daemon_start_naming_the_flag(plugin_dir: 
 
 
 def test_port_in_use_is_a_clear_error(plugin_dir: Path, idle: Daemon) -> None:
-    second = Daemon(simulated_options(plugin_dir / "second", metrics_address=f"127.0.0.1:{port_of(idle)}"))
+    address = f"127.0.0.1:{port_of(idle)}"
+    second = Daemon(simulated_options(plugin_dir / "second", metrics_address=address, **FRESH_SCRAPES))
     try:
         with pytest.raises(
             DevicePluginError, match=r"cannot serve metrics on --metrics-address '127\.0\.0\.1:\d+'"
@@ -249,7 +255,7 @@ def test_readyz_turns_ready_when_every_served_resource_is_registered(plugin_dir:
         for name in MIXED_RESOURCES:
             assert value(families, "nvidia_device_plugin_resource_registered", resource=name) == 0
 
-        with KubeletStandIn(plugin_dir) as kubelet:
+        with kubelet_standin(plugin_dir) as kubelet:
             assert kubelet.wait_for_resources(MIXED_RESOURCES)
             assert kubelet.wait_for(daemon.manager.all_registered)
             assert get(port, "/readyz") == (200, "ok\n")
@@ -464,7 +470,7 @@ def test_two_daemons_keep_separate_counters_and_stop_closes_the_port(plugin_dir:
         assert samples(families, xids) == []
     for daemon in (first, second):
         with pytest.raises(OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{port_of(daemon)}/healthz", timeout=2)
+            urllib.request.urlopen(f"http://127.0.0.1:{port_of(daemon)}/healthz", timeout=scaled(2))
 
 
 def test_stop_joins_the_named_thread(plugin_dir: Path) -> None:
@@ -490,7 +496,7 @@ class UnreadableSnapshot:
 
 def test_a_failing_collection_answers_500_and_the_server_keeps_serving(plugin_dir: Path) -> None:
     metrics = DaemonMetrics(UnreadableSnapshot(plugin_dir))  # building must not read the snapshot
-    server = ProbeServer("127.0.0.1:0", metrics.render, lambda: None, lambda: None)
+    server = ProbeServer("127.0.0.1:0", metrics.render, lambda: None, lambda: None, render_cache_s=0.0)
     server.start()
     try:
         status, body = get(server.port, "/metrics")

@@ -21,6 +21,8 @@ from nvidia_device_plugin.serving import preferred_gpus
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
+from support.kubelet_standin import kubelet_standin
+from support.waiting import scaled
 
 HANG_GUARD_S = 30.0
 
@@ -71,7 +73,7 @@ def test_a_whole_gpu_request_on_a_huge_node_is_answered_within_the_search_budget
 
 def test_without_any_search_budget_the_answer_is_the_greedy_set(tmp_path: Path, plugin_dir: Path) -> None:
     # The search starts from the greedy answer, so even a budget of 0 steps answers a full, valid set.
-    with KubeletStandIn(plugin_dir) as kubelet:
+    with kubelet_standin(plugin_dir) as kubelet:
         daemon = start_daemon(plugin_dir, str(uneven_node(tmp_path / "node.yaml", 24)))
         try:
             assert kubelet.wait_for_resources([GPU])
@@ -95,7 +97,7 @@ def test_a_request_for_16000_of_20000_replicas_is_spread_over_the_gpus(
     config = Config(sharing=Sharing(time_slicing=ReplicatedResources(resources=(entry,))))
     daemon = start_daemon(plugin_dir, load_config=lambda: config)
     try:
-        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 20_000, timeout=30)
+        assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 20_000, timeout=scaled(30))
         available = sorted(kubelet.devices(GPU))
         try:
             chosen = kubelet.preferred(GPU, available, [], 16_000, timeout=HANG_GUARD_S)

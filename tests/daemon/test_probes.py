@@ -53,9 +53,10 @@ class CountingRender:
 
 @contextmanager
 def serving(
-    render: RenderMetrics | None = None, liveness: Check = fine, readiness: Check = fine
+    render: RenderMetrics | None = None, liveness: Check = fine, readiness: Check = fine, **bounds: float
 ) -> Iterator[ProbeServer]:
-    server = ProbeServer("127.0.0.1:0", render or CountingRender(), liveness, readiness)
+    """A started ProbeServer; `bounds` (render_cache_s, idle_timeout_s, header_deadline_s) as given."""
+    server = ProbeServer("127.0.0.1:0", render or CountingRender(), liveness, readiness, **bounds)
     server.start()
     try:
         yield server
@@ -223,11 +224,8 @@ def test_slow_header_senders_never_fail_the_probes() -> None:
 # ---- the idle timeout and the header deadline ------------------------------------------------------
 
 
-def test_a_client_that_sends_nothing_or_half_a_request_is_dropped_and_its_slot_freed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(probes, "IDLE_TIMEOUT_S", 0.2)  # read when the server is built
-    with serving() as server:
+def test_a_client_that_sends_nothing_or_half_a_request_is_dropped_and_its_slot_freed() -> None:
+    with serving(idle_timeout_s=0.2) as server:
         with connect(server) as silent, connect(server) as halfway:
             halfway.sendall(b"GET /metrics HTTP/1.1\r\nHost: probes\r\n")  # no blank line: headers never end
             assert read_to_end(silent) == b""
@@ -244,12 +242,9 @@ def test_a_client_that_sends_nothing_or_half_a_request_is_dropped_and_its_slot_f
                 sock.close()
 
 
-def test_a_client_trickling_its_head_is_dropped_at_the_header_deadline(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_client_trickling_its_head_is_dropped_at_the_header_deadline() -> None:
     # Each byte comes well within the idle timeout; the head as a whole never comes in time.
-    monkeypatch.setattr(probes, "HEADER_DEADLINE_S", 0.3)
-    with serving() as server, connect(server) as trickle:
+    with serving(header_deadline_s=0.3) as server, connect(server) as trickle:
         done = threading.Event()
 
         def send_slowly() -> None:
@@ -281,11 +276,10 @@ def test_a_head_over_the_size_bound_is_dropped() -> None:
 # ---- the render cache ----------------------------------------------------------------------------
 
 
-def test_concurrent_scrapes_share_one_render(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 60.0)  # a window no slow machine can outlast
+def test_concurrent_scrapes_share_one_render() -> None:
     render = CountingRender()
     render.gate.clear()  # the first render waits until every scrape has been sent
-    with serving(render) as server:
+    with serving(render, render_cache_s=60.0) as server:  # a window no slow machine can outlast
         scrapers = [connect(server) for _ in range(8)]
         try:
             for sock in scrapers:
@@ -305,10 +299,9 @@ def test_concurrent_scrapes_share_one_render(monkeypatch: pytest.MonkeyPatch) ->
         assert render.calls == 2
 
 
-def test_without_a_cache_window_every_scrape_renders(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 0.0)
+def test_without_a_cache_window_every_scrape_renders() -> None:
     render = CountingRender()
-    with serving(render) as server:
+    with serving(render, render_cache_s=0.0) as server:
         bodies = [get(server, "/metrics")[1] for _ in range(3)]
     assert render.calls == 3
     assert bodies == [f"# render {n} for no Accept\n".encode() for n in (1, 2, 3)]
@@ -348,10 +341,7 @@ def test_a_probe_that_reports_a_reason_answers_503_with_it() -> None:
         assert get(server, "/readyz") == (200, b"ok\n")
 
 
-def test_a_render_that_raises_answers_500_and_the_next_scrape_renders_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 60.0)  # a failure must not be cached as an answer
+def test_a_render_that_raises_answers_500_and_the_next_scrape_renders_again() -> None:
     failures = [RuntimeError("collector broke")]
 
     def render(accept: str) -> tuple[bytes, str]:
@@ -359,7 +349,7 @@ def test_a_render_that_raises_answers_500_and_the_next_scrape_renders_again(
             raise failures.pop()
         return b"# fine\n", "text/plain; version=0.0.4"
 
-    with serving(render) as server:
+    with serving(render, render_cache_s=60.0) as server:  # a failure must not be cached as an answer
         status, body = get(server, "/metrics")
         assert status == 500
         assert b"see the plugin log" in body

@@ -1,6 +1,6 @@
 """Reloads on a node that misbehaves: a lost GPU does not block them, and one rejected for a transient
-NVML failure is tried again by itself, with backoff (snapshot.SnapshotFollower). In-process daemon on a
-simulated node, kubelet stand-in over real sockets."""
+NVML failure is tried again by itself, with backoff (daemons/follower.py: SnapshotFollower). In-process
+daemon on a simulated node, kubelet stand-in over real sockets."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.v1 import Config, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
@@ -46,11 +45,10 @@ def test_a_lost_gpu_does_not_block_a_reload_and_is_served_unhealthy(
 
 
 def test_a_reload_rejected_for_an_nvml_failure_is_retried_and_lands(
-    plugin_dir: Path, kubelet: KubeletStandIn, monkeypatch: pytest.MonkeyPatch
+    plugin_dir: Path, kubelet: KubeletStandIn
 ) -> None:
-    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.05)
     configs = [Config()]
-    daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1])
+    daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1], reload_retry_min_s=0.05)
     try:
         assert kubelet.wait_for_resources([GPU])
         # The driver answers UNKNOWN twice (a GPU reset in progress, say), then works again.
@@ -73,14 +71,13 @@ def retry_delays(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_reload_retries_back_off_doubling_to_the_cap_and_start_again_from_the_first_delay(
     plugin_dir: Path,
     kubelet: KubeletStandIn,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.01)
-    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MAX_S", 0.04)
-    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.follower")
     configs = [Config()]
-    daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1])
+    daemon = start_daemon(
+        plugin_dir, load_config=lambda: configs[-1], reload_retry_min_s=0.01, reload_retry_max_s=0.04
+    )
     try:
         assert kubelet.wait_for_resources([GPU])
         simulator(daemon).fail_next("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=4)
@@ -105,17 +102,15 @@ def test_reload_retries_back_off_doubling_to_the_cap_and_start_again_from_the_fi
 def test_a_config_error_is_not_retried(
     plugin_dir: Path,
     kubelet: KubeletStandIn,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.01)
-    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.follower")
 
     def broken() -> Config:
         raise ConfigError("sharing.timeSlicing.resources[0].replicas must be >= 1, got 0")
 
     loaders: list[Callable[[], Config]] = [Config]
-    daemon = start_daemon(plugin_dir, load_config=lambda: loaders[-1]())
+    daemon = start_daemon(plugin_dir, load_config=lambda: loaders[-1](), reload_retry_min_s=0.01)
     try:
         assert kubelet.wait_for_resources([GPU])
         loaders.append(broken)

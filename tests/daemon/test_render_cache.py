@@ -10,14 +10,13 @@ from __future__ import annotations
 import http.client
 from pathlib import Path
 
-import pytest
 from prometheus_client.exposition import choose_encoder
 
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
-from nvidia_device_plugin.telemetry import probes
 from nvidia_device_plugin.telemetry.metrics import negotiate
 
 from support.daemon_support import GPU, gpu_uuids, start_daemon
+from support.waiting import scaled
 
 ALLOCATIONS = f'nvidia_device_plugin_allocations_total{{resource="{GPU}"}}'
 
@@ -39,7 +38,7 @@ OPENMETRICS_HEADERS = [
 
 
 def scrape(port: int, accept: str) -> tuple[int, str, str]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
     try:
         connection.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
         response = connection.getresponse()
@@ -53,11 +52,9 @@ def allocations(body: str) -> str:
     return line.split()[-1]
 
 
-def test_fresh_accept_headers_share_one_render_per_format(
-    plugin_dir: Path, kubelet: KubeletStandIn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 60.0)  # a window no slow machine can outlast
-    daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0")
+def test_fresh_accept_headers_share_one_render_per_format(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    # A render cache window no slow machine can outlast.
+    daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0", metrics_render_cache_s=60.0)
     try:
         assert kubelet.wait_for_resources([GPU])
         assert daemon.probes is not None

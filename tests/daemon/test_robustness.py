@@ -31,6 +31,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
+from support.kubelet_standin import kubelet_standin
 from support.markers import soak
 from support.waiting import scaled
 
@@ -123,7 +124,7 @@ def test_concurrent_allocate_during_config_reloads(
             while not stop.is_set():
                 ids = rng.sample(rng.choice(id_sets), rng.choice((1, 2)))
                 try:
-                    response = stub.Allocate(allocate_request(ids), timeout=5)
+                    response = stub.Allocate(allocate_request(ids), timeout=scaled(5))
                 except grpc.RpcError as exc:
                     vanished = exc.code() == STATUS.INVALID_ARGUMENT and "unknown device ID" in (
                         exc.details() or ""
@@ -197,7 +198,7 @@ def test_xid_storm_leaves_other_gpus_allocatable(daemon: Daemon, kubelet: Kubele
         # Events are read in order: once the sentinel's XID is seen, the whole storm has been handled.
         sim.inject_xid(sentinel, 79)
         assert kubelet.wait_for(
-            lambda: health(kubelet, uuids[sentinel]) == "Unhealthy", timeout=30 + storm / 1000
+            lambda: health(kubelet, uuids[sentinel]) == "Unhealthy", timeout=scaled(30 + storm / 1000)
         )
     finally:
         stop.set()
@@ -278,7 +279,7 @@ def served() -> Iterator[tuple[Daemon, KubeletStandIn]]:
     """One daemon for the hostile-request tests: they change nothing, so they can share it."""
     plugin_dir = Path(tempfile.mkdtemp(prefix=f"nvdp-{os.getpid()}-", dir="/tmp"))
     try:
-        with KubeletStandIn(plugin_dir) as k:
+        with kubelet_standin(plugin_dir) as k:
             d = start_daemon(plugin_dir)
             try:
                 assert k.wait_for_resources([GPU])
@@ -330,7 +331,7 @@ def test_malformed_allocate_gets_an_error_and_serving_goes_on(
     daemon, kubelet = served
     uuids = gpu_uuids(daemon)
     request, code = _allocate_cases(uuids)[case]
-    err = rpc_error(lambda: kubelet.plugin(GPU).stub.Allocate(request, timeout=10))
+    err = rpc_error(lambda: kubelet.plugin(GPU).stub.Allocate(request, timeout=scaled(10)))
     assert err.code() == code, err.details()
     assert visible_devices(kubelet, [uuids[3]]) == uuids[3]
 
@@ -343,7 +344,7 @@ def test_multi_megabyte_id_is_refused_with_a_short_message(
     daemon, kubelet = served
     caplog.set_level(logging.INFO, logger="nvidia_device_plugin")
     err = rpc_error(
-        lambda: kubelet.plugin(GPU).stub.Allocate(allocate_request(["G" * (900 * 1024)]), timeout=10)
+        lambda: kubelet.plugin(GPU).stub.Allocate(allocate_request(["G" * (900 * 1024)]), timeout=scaled(10))
     )
     assert err.code() == STATUS.INVALID_ARGUMENT, err.details()
     assert "unknown device ID" in (err.details() or "")
@@ -356,7 +357,7 @@ def test_multi_megabyte_id_is_refused_with_a_short_message(
 def test_empty_container_list_gets_an_empty_answer(served: tuple[Daemon, KubeletStandIn]) -> None:
     daemon, kubelet = served
     # kubelet never sends one; NVIDIA's plugin answers it with no container responses, and so does this one.
-    response = kubelet.plugin(GPU).stub.Allocate(pb.AllocateRequest(), timeout=5)
+    response = kubelet.plugin(GPU).stub.Allocate(pb.AllocateRequest(), timeout=scaled(5))
     assert len(response.container_responses) == 0
     uuid = gpu_uuids(daemon)[0]
     assert visible_devices(kubelet, [uuid]) == uuid

@@ -16,11 +16,13 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
-from nvidia_device_plugin.telemetry import metrics, probes
+from nvidia_device_plugin.telemetry import metrics
 from nvidia_device_plugin.telemetry.metrics import DaemonMetrics, negotiate
 from nvidia_device_plugin.telemetry.scrape_bodies import ScrapeBodies
 
+from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, start_daemon
+from support.waiting import scaled
 
 ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")
 # One Accept header for each of the fourteen formats negotiate leaves.
@@ -37,7 +39,7 @@ EVERY_FORMAT = [
 
 
 def scrape(port: int, accept: str) -> tuple[int, str, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
     try:
         connection.request("GET", "/metrics", headers={"Accept": accept} if accept else {})
         response = connection.getresponse()
@@ -53,7 +55,6 @@ def test_the_headers_cover_every_format() -> None:
 def test_scrapers_cycling_through_every_format_cost_one_collection_per_window(
     plugin_dir: Path, kubelet: KubeletStandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(probes, "RENDER_CACHE_S", 60.0)  # a window no slow machine can outlast
     collections = 0
     collect = metrics._StateCollector.collect
 
@@ -63,7 +64,8 @@ def test_scrapers_cycling_through_every_format_cost_one_collection_per_window(
         return collect(self)
 
     monkeypatch.setattr(metrics._StateCollector, "collect", counted)
-    daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0")
+    # A render cache window no slow machine can outlast.
+    daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0", metrics_render_cache_s=60.0)
     try:
         assert kubelet.wait_for_resources([GPU])
         assert daemon.probes is not None
@@ -71,7 +73,7 @@ def test_scrapers_cycling_through_every_format_cost_one_collection_per_window(
         answers = {accept: scrape(daemon.probes.port, accept) for accept in EVERY_FORMAT * 3}
     finally:
         daemon.stop()
-    assert all(status == 200 for status, _, _ in answers.values())
+    assert_all(answers.values(), lambda answer: answer[0] == 200)
     assert collections == 1  # was 14: one per format
     assert len({body for _, _, body in answers.values()}) <= 8
 
@@ -96,7 +98,7 @@ def test_every_format_is_served_the_bytes_prometheus_client_renders(
         bodies.render("")
         assert bodies.collections == 2
         # OpenMetrics 2.0.0 is served 1.0.0's body: they differ only in native histograms.
-        for family in registry.collect():
-            assert all(sample.native_histogram is None for sample in family.samples), family.name
+        samples = [(family.name, sample) for family in registry.collect() for sample in family.samples]
+        assert_all(samples, lambda named: named[1].native_histogram is None)
     finally:
         daemon.stop()

@@ -23,7 +23,7 @@ SCRAPERS = 2 * MAX_SCRAPES  # more than the server serves at once: some are refu
 
 def _scrape(port: int) -> int:
     """One scrape; the status (503 past the scrape bound), or 0 when the server closed it unanswered."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
     try:
         connection.request("GET", "/metrics")
         response = connection.getresponse()
@@ -67,7 +67,7 @@ def test_allocate_answers_through_a_scrape_flood_without_leaks(
             envs = kubelet.allocate(GPU, [[replica]]).container_responses[0].envs
             assert envs["NVIDIA_VISIBLE_DEVICES"] == gpu_uuids(daemon)[0]
             for scraper in scrapers:
-                scraper.join(timeout=30)
+                scraper.join(timeout=scaled(30))
                 assert not scraper.is_alive(), "a scrape hung"
             assert 200 in statuses and set(statuses) <= {200, 503}
         assert _scrape(port) == 200

@@ -18,6 +18,7 @@ from nvidia_device_plugin.config.v1 import Config, Flags
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
+from support.kubelet_standin import kubelet_standin
 from support.markers import soak
 from support.waiting import eventually, scaled
 
@@ -52,7 +53,7 @@ def test_reloads_removing_and_re_adding_mig_resources_leave_none_disconnected(
     names = [GPU, *MIG]
     # A kubelet goroutine that takes 200 ms to look at a stream that ended: the disconnect race's window,
     # which a re-registration lands in.
-    with KubeletStandIn(plugin_dir, disconnect_delay=0.2) as kubelet:
+    with kubelet_standin(plugin_dir, disconnect_delay=0.2) as kubelet:
         daemon = start_daemon(plugin_dir, "a100-mig-mixed", lambda: configs[-1])
         try:
             assert kubelet.wait_for_resources(names)
@@ -72,7 +73,7 @@ def test_reloads_removing_and_re_adding_mig_resources_leave_none_disconnected(
 
 
 def healthz(port: int) -> tuple[int, str]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=scaled(10))
     try:
         connection.request("GET", "/healthz")
         response = connection.getresponse()
@@ -83,7 +84,7 @@ def healthz(port: int) -> tuple[int, str]:
 
 def test_healthz_fails_while_a_registered_resource_has_no_kubelet_stream(plugin_dir: Path) -> None:
     # Kubelet accepts Register, but its client never opens the stream: nothing reaches kubelet.
-    with KubeletStandIn(plugin_dir, watch=False) as kubelet:
+    with kubelet_standin(plugin_dir, watch=False) as kubelet:
         daemon = start_daemon(plugin_dir, metrics_address="127.0.0.1:0", kubelet_stream_grace_s=0.2)
         try:
             assert kubelet.wait_for(daemon.manager.all_registered)

@@ -10,7 +10,7 @@ import pytest
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker, WorkerGroup
 
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 
 def threads_named(name: str) -> list[threading.Thread]:
@@ -81,7 +81,7 @@ def test_stop_from_the_workers_own_thread_does_not_join_itself() -> None:
 
     holder = [Worker("self-stopping", body)]
     holder[0].start()
-    assert ended.wait(10)
+    assert ended.wait(scaled(10))
     wait_for(lambda: not holder[0].alive, "the thread to end")
     assert holder[0].failure is None
 

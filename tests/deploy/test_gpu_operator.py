@@ -47,11 +47,12 @@ from nvidia_device_plugin.configmanager.settings import parse_settings
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.sharing.readiness import status_path
 from nvidia_device_plugin.snapshot import build_snapshot
-from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.checks import assert_all
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.kubelet_standin import kubelet_standin
 from support.namespaces import pid_namespace_prefix
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -225,7 +226,7 @@ def test_the_cdi_spec_runs_the_hook_the_operator_names(release: OperatorRelease)
     ]
     assert {h["path"] for h in hooks} == {f"{HOOKS}/{release.hook_file}"}
     runs = ["nvidia-ctk", "hook"] if release.hook_file == "nvidia-ctk" else ["nvidia-cdi-hook"]
-    assert all(h["args"][: len(runs)] == runs for h in hooks), [h["args"][:2] for h in hooks]
+    assert_all(hooks, lambda h: h["args"][: len(runs)] == runs, [h["args"][:2] for h in hooks])
 
 
 # ---- the processes ------------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ def test_config_manager_init_links_the_config_with_the_operators_env(
     with FakeApiServer({LABEL: label} if label else {}) as api:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
         argv, env = _config_manager(INIT, tmp_path, kubeconfig)
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=scaled(60), check=False)
     assert done.returncode == 0, done.stderr
     assert os.readlink(tmp_path / "config" / "config.yaml") == str(configs / chosen)
 
@@ -321,7 +322,7 @@ def test_the_operators_pod_serves_and_follows_the_node_label(
 ) -> None:
     configs = _available_configs(tmp_path)
     (tmp_path / "run" / "nvidia" / "mps").mkdir(parents=True)
-    with FakeApiServer({LABEL: "time-slicing"}) as api, KubeletStandIn(plugin_dir) as kubelet:
+    with FakeApiServer({LABEL: "time-slicing"}) as api, kubelet_standin(plugin_dir) as kubelet:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
         script, plugin_env = _pod_script(tmp_path, kubeconfig, release)
         assert plugin_env["CONFIG_FILE"] == f"{tmp_path}/config/config.yaml"
@@ -346,7 +347,7 @@ def test_the_operators_pod_serves_and_follows_the_node_label(
             )
         finally:
             pod.kill()  # unshare ignores SIGTERM while it waits; --kill-child then ends the whole namespace
-            pod.wait(timeout=30)
+            pod.wait(timeout=scaled(30))
             log.close()
     output = (tmp_path / "pod.log").read_text()
     assert "Starting nvidia-device-plugin" in output, output

@@ -29,6 +29,8 @@ from nvidia_device_plugin import __version__
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.fake_apiserver import LABEL, FakeApiServer, write_kubeconfig
+from support.kubelet_standin import kubelet_standin
+from support.waiting import scaled
 
 IMAGE = os.environ.get("NVDP_IMAGE_UNDER_TEST", "")
 RUNTIME = os.environ.get("NVDP_IMAGE_RUNTIME", "runc")
@@ -47,7 +49,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _podman(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _podman(*args: str, timeout: float = scaled(60), check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
     if check and done.returncode != 0:
         pytest.fail(f"podman {' '.join(args[:3])} ... failed ({done.returncode}): {done.stderr.strip()}")
@@ -122,7 +124,7 @@ def plugin() -> Iterator[Running]:
         (config_dir / key).write_text(text)
     plugin_dir = work / "device-plugins"
     name = f"nvdp-image-test-{uuid.uuid4().hex[:8]}"
-    kubelet = KubeletStandIn(plugin_dir)
+    kubelet = kubelet_standin(plugin_dir)
     kubelet.start()
     command = [
         *["run", "--detach", "--name", name, "--runtime", RUNTIME, "--network", "none", *ULIMITS],
@@ -150,7 +152,7 @@ def plugin() -> Iterator[Running]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _wait(plugin: Running, condition: Any, what: str, timeout: float = 60) -> float:
+def _wait(plugin: Running, condition: Any, what: str, timeout: float = scaled(60)) -> float:
     """Seconds until `condition` held; a failure names `what` and shows the container's log."""
     since = time.monotonic()
     if not plugin.kubelet.wait_for(condition, timeout):
@@ -264,7 +266,7 @@ def test_config_manager_runs_as_the_chart_says_and_links_the_labelled_config(tmp
             *["--volume", f"{kubeconfig}:/kube/config:ro"],
             *_env(init),
             *["--entrypoint", init["command"][0], IMAGE, "--kubeconfig=/kube/config"],
-            timeout=120,
+            timeout=scaled(120),
             check=False,
         )
     assert done.returncode == 0, f"config-manager in the image: {done.stdout}{done.stderr}"

@@ -16,6 +16,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from support.checks import assert_all
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 LOCK = ROOT / "image" / "requirements.lock"
@@ -176,7 +178,7 @@ def test_every_pin_has_a_sha256_for_pip_require_hashes() -> None:
         assert set(hashes) == set(_pins(lock)), f"{lock.name}: a line is neither a comment nor a pin"
         for name, found in hashes.items():
             assert found, f"{lock.name}: {name} has no --hash (pip --require-hashes refuses it)"
-            assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in found), f"{lock.name}: {name}: {found}"
+            assert_all(found, lambda h: re.fullmatch(r"[0-9a-f]{64}", h), f"{lock.name}: {name}")
 
 
 def test_the_build_tools_are_pinned_and_satisfy_the_build_system() -> None:

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from support.checks import assert_all
+from support.waiting import scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -58,7 +59,11 @@ def _kubectl() -> str:
 def _render(kustomization: str) -> tuple[dict[str, Any], ...]:
     directory = MANIFESTS if kustomization == "manifests" else MANIFESTS / kustomization
     built = subprocess.run(
-        [_kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
+        [_kubectl(), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
     )
     if built.returncode != 0 and re.search(r"dial tcp|no such host|git fetch", built.stderr):
         pytest.skip(f"kubectl kustomize {kustomization} needs the network: {built.stderr.strip()}")

@@ -15,6 +15,8 @@ import yaml
 from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.config.loader import parse_config_text
 
+from support.waiting import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "manifests" / "overlays" / "mps"
 KUBERNETES_VERSION = (
@@ -27,7 +29,11 @@ PLUGIN = "nvidia-device-plugin"
 def _rendered() -> list[dict[str, Any]]:
     kubectl = Path(sys.executable).parent / "kubectl"
     built = subprocess.run(
-        [str(kubectl), "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=120, check=False
+        [str(kubectl), "kustomize", str(OVERLAY)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
     )
     assert built.returncode == 0, built.stderr
     return [doc for doc in yaml.safe_load_all(built.stdout) if doc]

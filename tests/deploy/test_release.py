@@ -22,6 +22,9 @@ from gpu_operator import cluster_policy_in
 
 from nvidia_device_plugin import __version__
 
+from support.checks import assert_all
+from support.waiting import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deployments" / "helm" / "nvidia-device-plugin"
 
@@ -40,7 +43,7 @@ def test_the_command_says_this_version() -> None:
         [str(Path(sys.executable).parent / "nvidia-device-plugin"), "--version"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         check=True,
     )
     assert done.stdout.strip() == f"nvidia-device-plugin {__version__}"
@@ -111,7 +114,7 @@ def test_sums_cover_every_file_and_sha256sum_checks_them(tmp_path: Path) -> None
     assert lines[0].split()[0] == hashlib.sha256(b"chart").hexdigest()
     if shutil.which("sha256sum"):
         subprocess.run(
-            ["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=tmp_path, check=True, timeout=60
+            ["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=tmp_path, check=True, timeout=scaled(60)
         )
 
 
@@ -166,6 +169,6 @@ def test_the_chart_is_packaged_as_helm_lays_it_out(tmp_path: Path) -> None:
     with tarfile.open(archive) as packed:
         names = packed.getnames()
         chart = yaml.safe_load(packed.extractfile("nvidia-device-plugin/Chart.yaml").read())  # type: ignore[union-attr]
-    assert all(name.startswith("nvidia-device-plugin/") for name in names)
+    assert_all(names, lambda name: name.startswith("nvidia-device-plugin/"))
     assert {"nvidia-device-plugin/values.yaml", "nvidia-device-plugin/templates/NOTES.txt"} <= set(names)
     assert chart["version"] == chart["appVersion"] == __version__

@@ -11,7 +11,7 @@ import pytest
 from nvidia_device_plugin.config.v1 import Health
 
 from support.health_support import FakeClock, Node, lines
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 # ---- storms and shutdown ----------------------------------------------------------------------------
 
@@ -26,7 +26,7 @@ def test_an_event_storm_is_handled_in_bounded_memory_and_ends_in_the_right_state
             dgx.sim.inject_xid(n % 8, (13, 31, 43)[n % 3])
         dgx.sim.inject_xid(2, 79)
         dgx.sim.inject_xid(7, 48)
-        wait_for(lambda: dgx.events.count >= 10_000, "the storm to be processed", timeout=60)
+        wait_for(lambda: dgx.events.count >= 10_000, "the storm to be processed", timeout=scaled(60))
         dgx.settle(monitor, marker_gpu=0)
         held = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(True, "*nvidia_device_plugin/health*.py")]

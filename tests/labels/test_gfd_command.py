@@ -21,7 +21,7 @@ from nvidia_device_plugin.cli.gfd_settings import GfdSettings, resolve_gfd_setti
 from nvidia_device_plugin.labels.nfd import DEFAULT_OUTPUT_FILE, parse_features
 
 from support.labels_file import read_labels
-from support.waiting import CHILD_GUARD_S, wait_for
+from support.waiting import CHILD_GUARD_S, scaled, wait_for
 
 N = "nvidia.com/"
 FILE_OUTPUT = {"GFD_USE_NODE_FEATURE_API": "false"}
@@ -148,7 +148,7 @@ class Gfd:
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=scaled(30))
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()

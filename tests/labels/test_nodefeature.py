@@ -35,7 +35,7 @@ from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.session import open_nvml
 
 from support.fake_apiserver import NODE, FakeApiServer, write_kubeconfig
-from support.waiting import CHILD_GUARD_S, wait_for
+from support.waiting import CHILD_GUARD_S, scaled, wait_for
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "nodefeature-v1alpha1.schema.json").read_text())
 NAMESPACE = "gpu-operator"
@@ -231,7 +231,7 @@ def test_a_daemon_run_logs_a_refusal_once_and_publishes_when_the_api_accepts(
             timeout=CHILD_GUARD_S,
         )
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=scaled(30))
     finally:
         if proc.poll() is None:
             proc.kill()

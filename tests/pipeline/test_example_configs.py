@@ -15,6 +15,7 @@ from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
 from nvidia_device_plugin.snapshot import build_snapshot
 
 from support.checks import assert_all
+from support.waiting import scaled
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -104,7 +105,7 @@ def test_plan_command_prints_json_for_machines() -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert proc.returncode == 0, proc.stderr
     document = json.loads(proc.stdout)
@@ -128,7 +129,7 @@ def test_plan_command_reports_config_errors(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert proc.returncode == 1
     assert "flags.migStrategy" in proc.stderr and "mix" in proc.stderr

@@ -16,6 +16,7 @@ from nvidia_device_plugin.snapshot import build_snapshot
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
+from support.waiting import scaled
 
 NODE_16 = str(Path(__file__).resolve().parents[2] / "bench" / "nodes" / "nvswitch-16.yaml")
 
@@ -68,7 +69,7 @@ def test_check_config_and_plan_refuse_a_list_kubelet_would_drop(tmp_path: Path) 
         [sys.executable, "-m", "nvidia_device_plugin", "check-config", str(config)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert check.returncode == 1
     assert "sharing.timeSlicing resource nvidia.com/gpu with replicas: 4096" in check.stderr
@@ -86,7 +87,7 @@ def test_check_config_and_plan_refuse_a_list_kubelet_would_drop(tmp_path: Path) 
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert plan.returncode == 1
     assert "receive limit" in plan.stderr

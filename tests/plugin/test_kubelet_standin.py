@@ -18,6 +18,7 @@ from nvidia_device_plugin.plugin.server import DeviceState, ResourceServer
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 from nvidia_device_plugin.standins.kubelet_devices import AdmissionError
 
+from support.kubelet_standin import kubelet_standin
 from support.waiting import scaled
 
 RESOURCE = "example.com/dev"
@@ -85,7 +86,7 @@ def test_a_stream_ending_after_a_new_registration_disconnects_the_new_client(
     plugin_dir: Path, served: ResourceServer
 ) -> None:
     # kubelet's runClient looks the client up by resource name once the old stream has ended.
-    with KubeletStandIn(plugin_dir, disconnect_delay=0.3) as kubelet:
+    with kubelet_standin(plugin_dir, disconnect_delay=0.3) as kubelet:
         register_once(kubelet)
         assert kubelet.wait_for_resources([RESOURCE])
         second = bare_server(plugin_dir, FakeBackend(["d0"]), "second.sock")
@@ -131,7 +132,7 @@ def test_a_killed_kubelet_leaves_a_dead_socket_and_its_start_wipes_every_socket(
 def test_capacity_follows_node_status_ticks_and_an_expired_resource_goes_at_one(
     plugin_dir: Path,
 ) -> None:
-    with KubeletStandIn(plugin_dir, node_status_interval=0.05, endpoint_stop_grace=0.3) as kubelet:
+    with kubelet_standin(plugin_dir, node_status_interval=0.05, endpoint_stop_grace=0.3) as kubelet:
         server = bare_server(plugin_dir, FakeBackend([f"d{n}" for n in range(4)]))
         register_once(kubelet)
         assert kubelet.wait_for_resources([RESOURCE])
@@ -145,7 +146,7 @@ def test_capacity_follows_node_status_ticks_and_an_expired_resource_goes_at_one(
 
 
 def test_without_a_tick_the_node_status_does_not_move(plugin_dir: Path) -> None:
-    with KubeletStandIn(plugin_dir, node_status_interval=3600) as kubelet:
+    with kubelet_standin(plugin_dir, node_status_interval=3600) as kubelet:
         server = bare_server(plugin_dir, FakeBackend(["d0"]))
         try:
             register_once(kubelet)
@@ -159,7 +160,7 @@ def test_single_numa_node_offers_only_aligned_devices_and_takes_an_exact_fit_wit
     plugin_dir: Path,
 ) -> None:
     backend = NumaBackend()
-    with KubeletStandIn(plugin_dir, topology_policy="single-numa-node") as kubelet:
+    with kubelet_standin(plugin_dir, topology_policy="single-numa-node") as kubelet:
         server = bare_server(plugin_dir, backend)
         try:
             register_once(kubelet)
@@ -211,3 +212,14 @@ def test_admission_failures_read_as_kubelet_words_them(
     assert kubelet.wait_for(lambda: kubelet.disconnects == [RESOURCE])
     with pytest.raises(AdmissionError, match="requested number of devices unavailable"):
         kubelet.admit(RESOURCE, 1)  # every device is Unhealthy now
+
+
+def test_a_wait_that_names_no_timeout_takes_the_stand_ins_budget(plugin_dir: Path) -> None:
+    """The suite hands the stand-in budgets scaled to the machine (support.kubelet_standin); every wait and
+    call that names none takes them."""
+    kubelet = KubeletStandIn(plugin_dir, wait_s=0.01, call_s=0.02)
+    assert (kubelet.wait_s, kubelet.call_s) == (0.01, 0.02)
+    assert not kubelet.wait_for(lambda: False)  # ends after wait_s, not the 10 s default
+    assert not kubelet.wait_for_resources([RESOURCE])
+    scaled_kubelet = kubelet_standin(plugin_dir)
+    assert (scaled_kubelet.wait_s, scaled_kubelet.call_s) == (scaled(10.0), scaled(5.0))

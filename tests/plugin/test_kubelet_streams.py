@@ -23,6 +23,7 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.kubelet_standin import kubelet_standin
 from support.waiting import eventually
 
 RESOURCE = "example.com/dev"
@@ -34,7 +35,7 @@ OTHER_STREAMS = 1  # streams kept open besides kubelet's (docs/operations.md, "L
 @pytest.fixture
 def ticking(plugin_dir: Path) -> Iterator[KubeletStandIn]:
     """A stand-in whose node status is recomputed every 50 ms (kubelet: every 10 s)."""
-    with KubeletStandIn(plugin_dir, node_status_interval=0.05) as k:
+    with kubelet_standin(plugin_dir, node_status_interval=0.05) as k:
         yield k
 
 
@@ -136,7 +137,7 @@ def test_a_registered_resource_without_a_kubelet_stream_fails_health_after_the_g
     plugin_dir: Path,
 ) -> None:
     # A kubelet that accepts Register but whose client never opens its stream.
-    with KubeletStandIn(plugin_dir, watch=False) as kubelet:
+    with kubelet_standin(plugin_dir, watch=False) as kubelet:
         manager = PluginManager(plugin_dir, stream_grace_seconds=0.2)
         manager.start()
         try:

@@ -16,6 +16,7 @@ from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.kubelet_standin import kubelet_standin
 from support.waiting import scaled
 
 
@@ -107,7 +108,7 @@ def test_rejected_registration_is_retried_and_logged_once(
         attempts.append(request.resource_name)
         return "resource name already taken" if len(attempts) < 4 else None
 
-    with KubeletStandIn(plugin_dir, reject=reject) as kubelet:
+    with kubelet_standin(plugin_dir, reject=reject) as kubelet:
         manager = PluginManager(plugin_dir)
         manager.start()
         try:
@@ -130,7 +131,7 @@ def test_starts_before_kubelet_and_registers_when_it_appears(plugin_dir: Path) -
     try:
         serve(manager, {"example.com/late": FakeBackend(["l0"])})
         assert not manager.all_registered()
-        with KubeletStandIn(plugin_dir) as kubelet:
+        with kubelet_standin(plugin_dir) as kubelet:
             assert kubelet.wait_for_resources(["example.com/late"])
     finally:
         manager.stop()

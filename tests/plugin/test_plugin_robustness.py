@@ -25,6 +25,7 @@ from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU, start_daemon
+from support.kubelet_standin import kubelet_standin
 from support.markers import soak
 from support.waiting import eventually, scaled
 
@@ -51,7 +52,7 @@ def _drain(stream: Iterator[pb.ListAndWatchResponse]) -> None:
 
 
 def allocate_answers(kubelet: KubeletStandIn) -> bool:
-    response = kubelet.allocate(RESOURCE, [["d1"]], timeout=10)
+    response = kubelet.allocate(RESOURCE, [["d1"]], timeout=scaled(10))
     return response.container_responses[0].envs["DEVICES"] == "d1"
 
 
@@ -109,12 +110,12 @@ def test_a_new_stream_gets_the_device_list_and_updates(
 
 def test_kubelet_answering_register_slowly_gets_one_registration(plugin_dir: Path) -> None:
     # Kubelet dials back and opens the stream, then takes 2.5 s to answer Register.
-    with KubeletStandIn(plugin_dir, register_delay=2.5) as kubelet:
+    with kubelet_standin(plugin_dir, register_delay=2.5) as kubelet:
         manager = PluginManager(plugin_dir)
         manager.start()
         try:
             serve(manager)
-            assert kubelet.wait_for(manager.all_registered, timeout=30)
+            assert kubelet.wait_for(manager.all_registered, timeout=scaled(30))
             assert allocate_answers(kubelet)
             assert len(kubelet.registrations) == 1
             assert kubelet.superseded == []
@@ -128,13 +129,13 @@ def test_register_timing_out_does_not_pile_up_streams(plugin_dir: Path, channel:
     # a stream each time: the plugin must end the older streams past its bound, so Allocate keeps
     # answering. (Asked on the plugin's socket directly: each older stream ended makes kubelet disconnect
     # its current client, so kubelet's own endpoint may be closed at any moment here.)
-    with KubeletStandIn(plugin_dir, register_delay=0.6) as kubelet:
+    with kubelet_standin(plugin_dir, register_delay=0.6) as kubelet:
         manager = PluginManager(plugin_dir, max_retry_seconds=0.1, register_timeout_seconds=0.2)
         manager.start()
         try:
             serve(manager)
-            assert kubelet.wait_for(lambda: len(kubelet.registrations) >= 12, timeout=60)
-            answer = pb_grpc.DevicePluginStub(channel).Allocate(containers(1), timeout=10)
+            assert kubelet.wait_for(lambda: len(kubelet.registrations) >= 12, timeout=scaled(60))
+            answer = pb_grpc.DevicePluginStub(channel).Allocate(containers(1), timeout=scaled(10))
             assert answer.container_responses[0].envs["DEVICES"] == "d0"
             assert not manager.all_registered()
             assert "DEADLINE_EXCEEDED" in (manager.health() or "")
@@ -157,8 +158,8 @@ def test_back_to_back_kubelet_restarts_never_kill_the_registrar(
     assert kubelet.wait_for_resources([RESOURCE])
     for _ in range(restarts):
         kubelet.restart()  # no waiting in between: the plugin rebinds while kubelet wipes again
-    assert kubelet.wait_for_resources([RESOURCE], timeout=20)
-    assert eventually(lambda: manager.health() is None, timeout=20), manager.health()
+    assert kubelet.wait_for_resources([RESOURCE], timeout=scaled(20))
+    assert eventually(lambda: manager.health() is None, timeout=scaled(20)), manager.health()
     assert allocate_answers(kubelet)
     kubelet.restart()  # and the registrar still answers the next ordinary restart
     assert kubelet.wait_for_resources([RESOURCE])
@@ -182,7 +183,7 @@ def test_deleted_and_recreated_plugin_directory_is_watched_again(
     assert eventually(lambda: "does not exist" in (manager.health() or "")), manager.health()
     plugin_dir.mkdir()
     kubelet.start()
-    assert kubelet.wait_for_resources([RESOURCE], timeout=20)
+    assert kubelet.wait_for_resources([RESOURCE], timeout=scaled(20))
     assert eventually(lambda: manager.health() is None), manager.health()
     # The watch is back: a kubelet restart is seen and answered as before.
     registrations = len(kubelet.registrations)
@@ -236,7 +237,7 @@ def test_health_names_what_is_missing(plugin_dir: Path) -> None:
         serve(manager)
         reason = manager.health() or ""
         assert RESOURCE in reason and "kubelet" in reason
-        with KubeletStandIn(plugin_dir) as kubelet:
+        with kubelet_standin(plugin_dir) as kubelet:
             assert kubelet.wait_for_resources([RESOURCE])
             assert eventually(lambda: manager.health() is None), manager.health()
     finally:
@@ -275,7 +276,7 @@ def test_oversized_allocate_is_refused_and_serving_goes_on(
     serve(manager)
     assert kubelet.wait_for_resources([RESOURCE])
     with pytest.raises(grpc.RpcError) as err:
-        pb_grpc.DevicePluginStub(channel).Allocate(request_, timeout=30)
+        pb_grpc.DevicePluginStub(channel).Allocate(request_, timeout=scaled(30))
     assert err.value.code() == code, err.value.details()
     assert needle in (err.value.details() or "")
     assert allocate_answers(kubelet)
@@ -292,7 +293,7 @@ def test_oversized_preferred_allocation_is_refused(
         ]
     )
     with pytest.raises(grpc.RpcError) as err:
-        pb_grpc.DevicePluginStub(channel).GetPreferredAllocation(request, timeout=10)
+        pb_grpc.DevicePluginStub(channel).GetPreferredAllocation(request, timeout=scaled(10))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "available_deviceIDs: 16 given, at most 8" in (err.value.details() or "")
     assert kubelet.preferred(RESOURCE, DEVICES, [], 2) == ["d0", "d1"]
@@ -320,9 +321,9 @@ def test_undecodable_request_is_one_log_line_and_invalid_argument(
     path = f"/v1beta1.DevicePlugin/{method}"
     with pytest.raises(grpc.RpcError) as err:
         if method == "ListAndWatch":
-            list(channel.unary_stream(path)(garbage, timeout=10))
+            list(channel.unary_stream(path)(garbage, timeout=scaled(10)))
         else:
-            channel.unary_unary(path)(garbage, timeout=10)
+            channel.unary_unary(path)(garbage, timeout=scaled(10))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "undecodable" in (err.value.details() or "")
     lines = [r for r in caplog.records if "undecodable" in r.getMessage()]
@@ -342,7 +343,7 @@ def test_memory_stays_bounded_under_oversized_requests(
     rss_before = _rss_kib()
     for _ in range(50):
         with pytest.raises(grpc.RpcError) as err:
-            call(raw, timeout=10)
+            call(raw, timeout=scaled(10))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _rss_kib() - rss_before < 100 * 1024, "50 refused requests grew RSS by over 100 MiB"
     assert allocate_answers(kubelet)
@@ -382,7 +383,7 @@ def test_daemon_starts_with_a_directory_where_its_socket_goes(
     try:
         assert eventually(lambda: str(blocker) in (daemon.manager.health() or "")), daemon.manager.health()
         shutil.rmtree(blocker)
-        assert kubelet.wait_for_resources([GPU], timeout=20)
+        assert kubelet.wait_for_resources([GPU], timeout=scaled(20))
         assert eventually(lambda: daemon.manager.health() is None), daemon.manager.health()
     finally:
         daemon.stop()

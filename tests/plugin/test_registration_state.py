@@ -43,6 +43,17 @@ def register_all(state: RegistrationState[Server], kubelet: int = KUBELET) -> No
         assert state.accepted(registration, kubelet)
 
 
+def replaced_server(name: str) -> tuple[RegistrationState[Server], Server]:
+    """A state whose `name` was served by one server, then by a new one, which is registered; and the old
+    one (whose late news the state must ignore)."""
+    state, _ = state_with(name)
+    old = state.server(name)
+    assert old is not None
+    state.want(name, Server(), bound=True)
+    register_all(state)
+    return state, old
+
+
 def due_names(due: Due[Server]) -> list[str]:
     return [r.name for r in due.now]
 
@@ -80,11 +91,7 @@ def test_a_lost_socket_is_served_anew_then_registered_again() -> None:
 
 
 def test_a_lost_socket_of_a_server_since_replaced_changes_nothing() -> None:
-    state, _ = state_with("a")
-    old = state.server("a")
-    assert old is not None
-    state.want("a", Server(), bound=True)
-    register_all(state)
+    state, old = replaced_server("a")
     state.socket_lost("a", old)
     assert state.registered() == {"a"} and state.to_rebind() == []
     state.socket_lost("gone")  # never served: nothing to do
@@ -175,11 +182,7 @@ def test_short_lived_streams_lost_in_a_row_back_off_doubling_to_the_maximum() ->
 
 
 def test_the_loss_of_a_stream_of_a_replaced_server_registers_nothing() -> None:
-    state, _ = state_with("a")
-    old = state.server("a")
-    assert old is not None
-    state.want("a", Server(), bound=True)
-    register_all(state)
+    state, old = replaced_server("a")
     assert state.stream_ended("a", old, lived_s=1.0, lost=True) is None
     assert state.registered() == {"a"}
 

@@ -20,13 +20,14 @@ from nvidia_device_plugin.serving.allocate import AllocationSettings
 from nvidia_device_plugin.serving.backend import GpuResourceBackend, OneAtATime
 from nvidia_device_plugin.serving.preferred import preferred_allocation
 
-from support.waiting import wait_for
+from support.checks import assert_all
+from support.waiting import scaled, wait_for
 
 GIB = 1024**3
 GPUS, REPLICAS = 4, 10
 
 
-def _backend() -> GpuResourceBackend:
+def _backend(preferred_wait_s: float = backend_module.PREFERRED_WAIT_S) -> GpuResourceBackend:
     uuids = [f"GPU-{g:02d}" for g in range(GPUS)]
     inventory = Inventory(
         gpus=tuple(
@@ -44,7 +45,8 @@ def _backend() -> GpuResourceBackend:
         sharing="time-slicing",
         replicas=REPLICAS,
     )
-    return GpuResourceBackend(plan, inventory, AllocationSettings.from_config(Config()), HealthRegistry())
+    settings = AllocationSettings.from_config(Config())
+    return GpuResourceBackend(plan, inventory, settings, HealthRegistry(), preferred_wait_s=preferred_wait_s)
 
 
 class _Gated:
@@ -61,7 +63,7 @@ class _Gated:
             self.running += 1
             self.most = max(self.most, self.running)
         try:
-            assert self.release.wait(60), "the test never released the computation"
+            assert self.release.wait(scaled(60)), "the test never released the computation"
             return preferred_allocation(*args, **kwargs)
         finally:
             with self.lock:
@@ -71,10 +73,9 @@ class _Gated:
 def test_one_computation_at_a_time_two_waiting_the_rest_refused_naming_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(backend_module, "PREFERRED_WAIT_S", 60.0)  # waiters outlast any slow machine
     gated = _Gated()
     monkeypatch.setattr(backend_module, "preferred_allocation", gated)
-    backend = _backend()
+    backend = _backend(preferred_wait_s=60.0)  # waiters outlast any slow machine
     available = [d.id for d in backend.plan.devices]
     answers: list[list[str]] = []
     refusals: list[str] = []
@@ -97,10 +98,10 @@ def test_one_computation_at_a_time_two_waiting_the_rest_refused_naming_the_bound
     wait_for(lambda: gated.running == 1 and len(refusals) == 3, "three calls refused while one computes")
     gated.release.set()
     for thread in threads:
-        thread.join(60)
+        thread.join(scaled(60))
     assert gated.most == 1  # was 6: every caller computed at once
     assert len(answers) == 3 and all(len(ids) == 4 for ids in answers)
-    assert all("1 computing and 2 waiting already" in r and "nvidia.com/gpu" in r for r in refusals)
+    assert_all(refusals, lambda r: "1 computing and 2 waiting already" in r and "nvidia.com/gpu" in r)
 
 
 def test_a_caller_waits_only_so_long_for_its_turn() -> None:
@@ -117,7 +118,7 @@ def test_a_caller_waits_only_so_long_for_its_turn() -> None:
 
         thread = threading.Thread(target=late, name="preferred-late")
         thread.start()
-        thread.join(60)
+        thread.join(scaled(60))
     assert len(outcome) == 1 and "waited 0.01 s for the one computed before it" in outcome[0]
     with turns.turn():  # the bound is given back: the next caller computes
         pass

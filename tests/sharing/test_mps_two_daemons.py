@@ -13,12 +13,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pynvml
 import pytest
 
-from nvidia_device_plugin import snapshot as snapshot_module
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemons.mps_control import MpsControlDaemon
@@ -30,7 +30,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 from support.checks import assert_all
 from support.daemon_support import GPU, start_daemon
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines, started_control_daemon
-from support.waiting import wait_for
+from support.waiting import scaled, wait_for
 
 NODE = "pcie-nvlink-pairs"  # 4 GPUs
 
@@ -53,8 +53,8 @@ class Setup:
         )
         return parse_config_text(text)
 
-    def control_daemon(self, control_path: str | None = None) -> MpsControlDaemon:
-        return started_control_daemon(self.config, NODE, control_path or self.control)
+    def control_daemon(self, control_path: str | None = None, **options: Any) -> MpsControlDaemon:
+        return started_control_daemon(self.config, NODE, control_path or self.control, **options)
 
     def plugin(self, plugin_dir: Path) -> Daemon:
         return start_daemon(plugin_dir, NODE, self.config, mps_poll_interval_s=0.02)
@@ -264,7 +264,7 @@ def test_the_command_leaves_its_daemons_running_on_sigterm(setup: Setup) -> None
         wait_for(lambda: read_status(str(status_file)).ready, "the T4's daemon ready")
         pid = read_status(str(status_file)).pid
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
+        output, _ = proc.communicate(timeout=scaled(30))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -277,11 +277,10 @@ def test_the_command_leaves_its_daemons_running_on_sigterm(setup: Setup) -> None
 
 
 def test_a_control_daemon_reload_that_nvml_fails_keeps_the_daemons_and_is_retried(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    setup: Setup, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(snapshot_module, "RELOAD_RETRY_MIN_S", 0.01)
-    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.snapshot")
-    control = setup.control_daemon()
+    caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.follower")
+    control = setup.control_daemon(reload_retry_min_s=0.01)
     try:
         gpus = _gpus(control)
         wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")

@@ -54,6 +54,7 @@ from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.snapshot import build_snapshot
 
 from support.fake_apiserver import FakeApiServer
+from support.waiting import scaled
 
 KUBELET_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # what kubelet 1.34+ supports
 NODE = "gpu-node-1"
@@ -121,7 +122,7 @@ class DraKubeletStandIn:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(scaled(10))
         if self._observer is not None:
             stop_watching(self._observer)
         with self._changed:
@@ -166,10 +167,11 @@ class DraKubeletStandIn:
         try:
             with grpc.insecure_channel(f"unix:{path}") as channel:
                 registration = reg_grpc.RegistrationStub(channel)
-                info = registration.GetInfo(reg_pb.InfoRequest(), timeout=5)
+                info = registration.GetInfo(reg_pb.InfoRequest(), timeout=scaled(5))
                 error = self._refusal(info)
                 registration.NotifyRegistrationStatus(
-                    reg_pb.RegistrationStatus(plugin_registered=error is None, error=error or ""), timeout=5
+                    reg_pb.RegistrationStatus(plugin_registered=error is None, error=error or ""),
+                    timeout=scaled(5),
                 )
         except grpc.RpcError:
             return  # not serving (yet): asked again at the next pass, as kubelet retries
@@ -184,7 +186,7 @@ class DraKubeletStandIn:
         channel = grpc.insecure_channel(f"unix:{info.endpoint or path}")
         stub = stub_type(channel)
         try:
-            stub.NodePrepareResources(messages.NodePrepareResourcesRequest(), timeout=5)
+            stub.NodePrepareResources(messages.NodePrepareResourcesRequest(), timeout=scaled(5))
             served = True
         except grpc.RpcError:
             served = False
@@ -214,17 +216,19 @@ class DraKubeletStandIn:
 
     # ---- what a test asks -----------------------------------------------------------------------
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = scaled(10.0)) -> bool:
         """Wait until predicate() holds (evaluated under the stand-in's lock); False after `timeout`."""
         return wait_under(self._changed, predicate, timeout)
 
-    def driver(self, name: str = DRIVER_NAME, timeout: float = 10.0) -> RegisteredDriver:
+    def driver(self, name: str = DRIVER_NAME, timeout: float = scaled(10.0)) -> RegisteredDriver:
         """The registered driver `name`, waiting for its registration."""
         assert self.wait_for(lambda: name in self.drivers, timeout), f"{name} never registered"
         with self._changed:
             return self.drivers[name]
 
-    def current(self, socket: Path, name: str = DRIVER_NAME, timeout: float = 10.0) -> RegisteredDriver:
+    def current(
+        self, socket: Path, name: str = DRIVER_NAME, timeout: float = scaled(10.0)
+    ) -> RegisteredDriver:
         """Driver `name` once it is registered through the socket file now at `socket` (not an older one)."""
 
         def registered_now() -> bool:
@@ -240,13 +244,13 @@ class DraKubeletStandIn:
         driver = self.driver(name)
         refs = [driver.messages.Claim(namespace=ns, name=n, uid=uid) for ns, n, uid in claims]
         request = driver.messages.NodePrepareResourcesRequest(claims=refs)
-        return driver.stub.NodePrepareResources(request, timeout=30).claims
+        return driver.stub.NodePrepareResources(request, timeout=scaled(30)).claims
 
     def unprepare(self, claims: Sequence[tuple[str, str, str]], name: str = DRIVER_NAME) -> Any:
         driver = self.driver(name)
         refs = [driver.messages.Claim(namespace=ns, name=n, uid=uid) for ns, n, uid in claims]
         request = driver.messages.NodeUnprepareResourcesRequest(claims=refs)
-        return driver.stub.NodeUnprepareResources(request, timeout=30).claims
+        return driver.stub.NodeUnprepareResources(request, timeout=scaled(30)).claims
 
 
 def _identity(path: Path) -> Identity | None:
