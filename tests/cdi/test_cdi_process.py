@@ -82,11 +82,21 @@ def daemon_process(plugin_dir: Path, config_file: Path) -> Iterator[DaemonProces
 
 
 def _reload(process: DaemonProcess, kubelet: KubeletStandIn) -> None:
-    before = process.count("config reloaded")
+    # The daemon also reloads when it sees the file change: only the SIGHUP's reload is known to have read
+    # the file whole (a watched write may be seen half-done, and its reload may land after the next step
+    # began), so the test waits for that one.
+    before = process.count("config reloaded (SIGHUP)")
     process.proc.send_signal(signal.SIGHUP)
-    assert kubelet.wait_for(lambda: process.count("config reloaded") > before, timeout=scaled(30)), "".join(
-        process.lines
+    assert kubelet.wait_for(lambda: process.count("config reloaded (SIGHUP)") > before, timeout=scaled(30)), (
+        "".join(process.lines)
     )
+
+
+def _write_config(path: Path, text: str) -> None:
+    """As a ConfigMap update lands: the new file in one step, never a half-written one."""
+    staged = path.with_suffix(".new")
+    staged.write_text(text)
+    os.replace(staged, path)
 
 
 def test_the_names_an_admitted_pod_holds_resolve_after_the_config_stops_serving_them(
@@ -101,14 +111,14 @@ def test_the_names_an_admitted_pod_holds_resolve_after_the_config_stops_serving_
     spec_dir = daemon_process.spec_dir()
     assert held <= defined_names(spec_dir)
 
-    config_file.write_text("version: v1\nflags: {plugin: {deviceListStrategy: envvar}}\n")
+    _write_config(config_file, "version: v1\nflags: {plugin: {deviceListStrategy: envvar}}\n")
     _reload(daemon_process, kubelet)
     assert defined_names(spec_dir) == held  # the spec stays, defining exactly what the pod holds
     _, envvar = kubelet.admit(GPU, 1)
     assert not envvar.cdi_devices and "NVIDIA_VISIBLE_DEVICES" in envvar.envs
 
-    config_file.write_text(
-        "version: v1\nflags: {plugin: {deviceListStrategy: cdi-cri, deviceIDStrategy: index}}\n"
+    _write_config(
+        config_file, "version: v1\nflags: {plugin: {deviceListStrategy: cdi-cri, deviceIDStrategy: index}}\n"
     )
     _reload(daemon_process, kubelet)
     names = defined_names(spec_dir)
