@@ -270,3 +270,8 @@ def test_every_version_is_the_same_wire_format_so_one_message_serves_them_all() 
     assert [f.services_by_name["DRAResourceHealth"].full_name for f in files] == list(SERVICES)
     assert _without_package(files[1]) == _without_package(files[0])
     assert _without_package(files[2]) == _without_package(files[0])
+
+
+def test_the_stand_in_refuses_a_health_service_it_does_not_know(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown DRA health service 'v2\.DRAResourceHealth'"):
+        HealthWatch(tmp_path / "dra.sock", "v2.DRAResourceHealth")
