@@ -49,7 +49,9 @@ PROTOS := nvidia_device_plugin/api/v1beta1/api.proto \
 	nvidia_device_plugin/api/dra/v1/api.proto \
 	nvidia_device_plugin/api/dra/v1beta1/api.proto \
 	nvidia_device_plugin/api/pluginregistration/v1/api.proto \
-	nvidia_device_plugin/api/dra_health/v1alpha1/api.proto
+	nvidia_device_plugin/api/dra_health/v1alpha1/api.proto \
+	nvidia_device_plugin/api/dra_health/v1beta1/api.proto \
+	nvidia_device_plugin/api/dra_health/v1/api.proto
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)

@@ -1,6 +1,8 @@
-"""Kubelet's side of the DRA health stream (dra-health/v1alpha1 NodeWatchResources), as a stand-in.
+"""Kubelet's side of the DRA health stream (dra-health NodeWatchResources), as a stand-in.
 
-`HealthWatch` dials a DRA plugin's endpoint, opens the stream as kubelet's DRA plugin manager does, and
+`HealthWatch` dials a DRA plugin's endpoint, opens the stream as kubelet's DRA plugin manager does (in the
+version given: v1, v1beta1 or v1alpha1, each with its own generated client and types; `pick_health_service`
+picks from a registration's supported versions as kubelet does), and
 keeps every message on a thread of its own ("dra-health-watch"): `latest()` is the last full list, as
 (pool, device) -> `SeenHealth`; `wait_for` waits for a condition on it. `close()` cancels the call (the
 client going away, as a restarting kubelet does) and joins the thread. For tests, demo and bench.
@@ -10,14 +12,51 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
-from nvidia_device_plugin.api.dra_health.v1alpha1 import api_pb2 as health_pb
-from nvidia_device_plugin.api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
+from nvidia_device_plugin.api.dra_health.v1 import api_pb2 as v1_pb
+from nvidia_device_plugin.api.dra_health.v1 import api_pb2_grpc as v1_grpc
+from nvidia_device_plugin.api.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb
+from nvidia_device_plugin.api.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from nvidia_device_plugin.api.dra_health.v1beta1 import api_pb2 as v1beta1_pb
+from nvidia_device_plugin.api.dra_health.v1beta1 import api_pb2_grpc as v1beta1_grpc
+
+
+@dataclass(frozen=True)
+class _Client:
+    """One version's generated client: its stub, its request, and its HealthStatus names."""
+
+    stub: Callable[[grpc.Channel], Any]
+    request: Callable[[], Message]
+    status_name: Callable[[int], str]
+
+
+# Kubelet's preference, most preferred first: 1.37+ takes v1 over v1alpha1 wherever the plugin lists them.
+_CLIENTS = {
+    "v1.DRAResourceHealth": _Client(
+        v1_grpc.DRAResourceHealthStub, v1_pb.NodeWatchResourcesRequest, v1_pb.HealthStatus.Name
+    ),
+    "v1beta1.DRAResourceHealth": _Client(
+        v1beta1_grpc.DRAResourceHealthStub, v1beta1_pb.NodeWatchResourcesRequest, v1beta1_pb.HealthStatus.Name
+    ),
+    "v1alpha1.DRAResourceHealth": _Client(
+        v1alpha1_grpc.DRAResourceHealthStub,
+        v1alpha1_pb.NodeWatchResourcesRequest,
+        v1alpha1_pb.HealthStatus.Name,
+    ),
+}
+HEALTH_SERVICES = tuple(_CLIENTS)
+
+
+def pick_health_service(supported_versions: Sequence[str]) -> str | None:
+    """The health service kubelet opens for a registration listing `supported_versions` (None: none)."""
+    return next((service for service in _CLIENTS if service in supported_versions), None)
 
 
 @dataclass(frozen=True)
@@ -34,13 +73,15 @@ Devices = dict[tuple[str, str], SeenHealth]
 
 
 class HealthWatch:
-    """A NodeWatchResources stream on the endpoint `socket`, read until `close()` or its end."""
+    """A NodeWatchResources stream of `service` (one of HEALTH_SERVICES) on the endpoint `socket`, read until
+    `close()` or its end."""
 
-    def __init__(self, socket: Path) -> None:
+    def __init__(self, socket: Path, service: str = HEALTH_SERVICES[0]) -> None:
+        if service not in _CLIENTS:
+            raise ValueError(f"unknown DRA health service {service!r}; known: {list(_CLIENTS)}")
+        self._client = _CLIENTS[service]
         self._channel = grpc.insecure_channel(f"unix:{socket}")
-        self._call = health_grpc.DRAResourceHealthStub(self._channel).NodeWatchResources(
-            health_pb.NodeWatchResourcesRequest()
-        )
+        self._call = self._client.stub(self._channel).NodeWatchResources(self._client.request())
         self._changed = threading.Condition()
         self.messages: list[Devices] = []
         self.error: grpc.StatusCode | None = None  # how the stream ended, unless closed by us
@@ -53,7 +94,7 @@ class HealthWatch:
             for response in self._call:
                 devices = {
                     (d.device.pool_name, d.device.device_name): SeenHealth(
-                        health_pb.HealthStatus.Name(d.health),
+                        self._client.status_name(d.health),
                         d.message,
                         d.last_updated_time,
                         d.health_check_timeout_seconds,

@@ -1,6 +1,7 @@
-"""Kubelet's DRA health stream (dra-health/v1alpha1 NodeWatchResources) through the plugin's real socket:
-a GPU goes Unhealthy on an injected XID and Healthy again on recovery, the full state on connect, the
-same causes as the taints, a bound on open streams, and a client that goes away gives its thread back."""
+"""Kubelet's DRA health stream (dra-health v1, v1beta1 and v1alpha1 NodeWatchResources) through the plugin's
+real socket: a GPU goes Unhealthy on an injected XID and Healthy again on recovery (in every version), the
+full state on connect, the same causes as the taints, a bound on open streams, and a client that goes away
+gives its thread back."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2, text_format
+from google.protobuf.descriptor import FileDescriptor
 
+from nvidia_device_plugin.api.dra_health.v1 import api_pb2 as v1_pb
 from nvidia_device_plugin.api.dra_health.v1alpha1 import api_pb2 as health_pb
+from nvidia_device_plugin.api.dra_health.v1beta1 import api_pb2 as v1beta1_pb
 from nvidia_device_plugin.config.dra import Dra
 from nvidia_device_plugin.config.v1 import Config, Recovery
 from nvidia_device_plugin.config.v1 import Health as HealthConfig
@@ -28,6 +33,7 @@ from nvidia_device_plugin.dra.kubelet.health_stream import (
     HEALTH_CHECK_TIMEOUT_S,
     MAX_MESSAGE_CHARS,
     MAX_STREAMS,
+    SERVICES,
     HealthFeed,
 )
 from nvidia_device_plugin.dra.kubelet.plugin import WORKERS
@@ -36,7 +42,7 @@ from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.events import CauseKind, HealthCause
 from nvidia_device_plugin.health.policy import xid_cause
 from nvidia_device_plugin.health.registry import Verdict
-from nvidia_device_plugin.standins.dra_health import HealthWatch
+from nvidia_device_plugin.standins.dra_health import HealthWatch, pick_health_service
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import simulator, start_daemon
@@ -73,15 +79,16 @@ def _health(watch: HealthWatch, device: str) -> str | None:
     return entry.health if entry is not None else None
 
 
+@pytest.mark.parametrize("service", SERVICES)
 def test_an_xid_turns_the_gpu_unhealthy_on_the_stream_and_recovery_healthy_again(
-    plugin_dir: Path, kubelet: KubeletStandIn
+    plugin_dir: Path, kubelet: KubeletStandIn, service: str
 ) -> None:
     recovery = Recovery(enabled=True, grace_period_seconds=0.3)
     config = Config(dra=Dra(enabled=True, gpus="all"), health=HealthConfig(recovery=recovery))
     with dra_daemon(plugin_dir, config) as daemon:
         endpoint = plugin_dir / "plugins" / "gpu.nvidia.com" / "dra.sock"
         wait_for(endpoint.is_socket, "the DRA endpoint")
-        with HealthWatch(endpoint) as watch:
+        with HealthWatch(endpoint, service) as watch:
             assert watch.wait_for(lambda w: _health(w, "gpu-7") == "HEALTHY", HANG_GUARD_S)
             first = watch.latest()
             assert all(e.health == "HEALTHY" and e.message == "" for e in first.values()), first
@@ -94,7 +101,7 @@ def test_an_xid_turns_the_gpu_unhealthy_on_the_stream_and_recovery_healthy_again
             assert "XID 79" in sick[(NODE, "gpu-2")].message
             assert [d for (_, d), e in sick.items() if e.health != "HEALTHY"] == ["gpu-2"]
 
-            with HealthWatch(endpoint) as late:  # a new client hears the whole state at once
+            with HealthWatch(endpoint, service) as late:  # a new client hears the whole state at once
                 assert late.wait_for(lambda w: bool(w.messages), HANG_GUARD_S)
                 assert late.messages[0][(NODE, "gpu-2")].health == "UNHEALTHY"
 
@@ -112,13 +119,19 @@ def _reports(dra: DraNode) -> tuple[DeviceHealthReport, ...]:
     return device_health(dra.node.devices, {}, STANDIN_NODE)
 
 
-def test_the_registration_lists_the_health_service_and_the_endpoint_serves_it(dra: DraNode) -> None:
+def test_the_registration_lists_the_health_services_and_the_endpoint_serves_the_one_kubelet_picks(
+    dra: DraNode,
+) -> None:
     plugin = dra.plugin()
     plugin.health_feed.update(_reports(dra))
     with DraKubeletStandIn(dra.registry_dir) as kubelet:
         driver = kubelet.driver()
-        assert "v1alpha1.DRAResourceHealth" in driver.info.supported_versions
-        with HealthWatch(Path(driver.info.endpoint)) as watch:
+        service = pick_health_service(driver.info.supported_versions)
+        assert service == "v1.DRAResourceHealth"  # kubelet 1.37+ prefers v1
+        assert pick_health_service(["v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]) == (
+            "v1alpha1.DRAResourceHealth"  # a kubelet's choice where only v1alpha1 is listed
+        )
+        with HealthWatch(Path(driver.info.endpoint), service) as watch:
             assert watch.wait_for(lambda w: bool(w.messages), HANG_GUARD_S)
             assert set(watch.messages[0]) == {(STANDIN_NODE, name) for name in dra.node.devices}
 
@@ -229,12 +242,36 @@ def test_the_feed_resends_the_same_state_and_stamps_a_status_when_it_began() -> 
     assert feed.next_message(step[0], lambda: True, 0.01) is None
 
 
-def test_an_oversized_request_is_refused(dra: DraNode) -> None:
+@pytest.mark.parametrize("service", SERVICES)
+def test_an_oversized_request_is_refused(dra: DraNode, service: str) -> None:
     plugin = dra.plugin()
     with grpc.insecure_channel(f"unix:{plugin.endpoint}") as channel:
-        watch = channel.unary_stream("/v1alpha1.DRAResourceHealth/NodeWatchResources")
+        watch = channel.unary_stream(f"/{service}/NodeWatchResources")
         with pytest.raises(grpc.RpcError) as info:
             list(watch(b"\x00" * 2048, timeout=HANG_GUARD_S))
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert "2048 bytes" in info.value.details()  # type: ignore[attr-defined]
     assert plugin.health_feed.streams == 0
+
+
+def _without_package(file: FileDescriptor) -> str:
+    proto = descriptor_pb2.FileDescriptorProto()
+    file.CopyToProto(proto)
+    package = proto.package
+    proto.ClearField("name")
+    proto.ClearField("package")
+    return text_format.MessageToString(proto).replace(f".{package}.", ".")
+
+
+def test_every_version_is_the_same_wire_format_so_one_message_serves_them_all() -> None:
+    # The feed serializes one response for every version: a version whose fields differ would be misread.
+    assert SERVICES == ("v1.DRAResourceHealth", "v1beta1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+    files = [v1_pb.DESCRIPTOR, v1beta1_pb.DESCRIPTOR, health_pb.DESCRIPTOR]
+    assert [f.services_by_name["DRAResourceHealth"].full_name for f in files] == list(SERVICES)
+    assert _without_package(files[1]) == _without_package(files[0])
+    assert _without_package(files[2]) == _without_package(files[0])
+
+
+def test_the_stand_in_refuses_a_health_service_it_does_not_know(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown DRA health service 'v2\.DRAResourceHealth'"):
+        HealthWatch(tmp_path / "dra.sock", "v2.DRAResourceHealth")

@@ -34,7 +34,10 @@ def test_get_info_names_the_driver_its_endpoint_and_both_versions_in_order(dra: 
         assert list(driver.info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
-            "v1alpha1.DRAResourceHealth",  # the health stream, listed for kubelet 1.36+ to open it
+            # the health stream, every version kubelet may open (1.36+), newest first as kubelet prefers:
+            "v1.DRAResourceHealth",
+            "v1beta1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth",
         ]
         assert driver.version == "v1.DRAPlugin"  # kubelet takes the first it supports
         assert driver.endpoint_served  # the endpoint answered as soon as the registration was found
@@ -73,7 +76,10 @@ def test_a_refused_registration_is_logged_and_reported_by_health(
         wait_for(lambda: plugin.registered is False, "the refusal")
     problem = plugin.health()
     assert problem is not None and "kubelet refused to register the DRA driver gpu.nvidia.com" in problem
-    versions = "['v1.DRAPlugin', 'v1beta1.DRAPlugin', 'v1alpha1.DRAResourceHealth']"
+    versions = (
+        "['v1.DRAPlugin', 'v1beta1.DRAPlugin', "
+        "'v1.DRAResourceHealth', 'v1beta1.DRAResourceHealth', 'v1alpha1.DRAResourceHealth']"
+    )
     assert f"none of the versions {versions} is supported" in problem
     assert "kubelet refused to register the DRA driver gpu.nvidia.com" in caplog.text
 

@@ -1,16 +1,21 @@
-"""Kubelet's DRA health stream (dra-health/v1alpha1 `DRAResourceHealth.NodeWatchResources`) on dra.sock.
+"""Kubelet's DRA health stream (dra-health `DRAResourceHealth.NodeWatchResources`) on dra.sock.
 
-Kubelet (feature ResourceHealthStatus) opens one stream per registered plugin when the plugin lists
-`v1alpha1.DRAResourceHealth` among its supported versions at registration (older kubelets open it
+Kubelet (feature ResourceHealthStatus) opens one stream per registered plugin when the plugin lists a
+DRAResourceHealth service among its supported versions at registration (older kubelets open v1alpha1
 regardless), and shows what it hears in the pod's `status.containerStatuses[].allocatedResourcesStatus`.
 Every message carries the full list of the driver's devices (kubelet reconciles its cache with it); a
 device kubelet hears nothing of for its `health_check_timeout_seconds` turns Unknown, so the full list
 goes out on connect, at once on every change, and again every RESEND_INTERVAL_S while nothing changes.
 
+Kubelet's API has three versions (v1, v1beta1, v1alpha1), field for field the same: each is served
+(SERVICES, newest first, is also the registration's order), all from the one feed and the one stream logic;
+a version only names the service and parses its own (empty) request.
+
 `HealthFeed` holds the latest reports (dra/device_health.py) for every open stream; the DRA mode
 replaces them whole on each snapshot, handover and health change. Each stream holds one of the endpoint's
-server threads while open: at most MAX_STREAMS at once (more are refused RESOURCE_EXHAUSTED), and a
-stream whose client went away, or whose server stops, ends at once and gives its thread back.
+server threads while open: at most MAX_STREAMS at once, whatever their versions (more are refused
+RESOURCE_EXHAUSTED), and a stream whose client went away, or whose server stops, ends at once and gives its
+thread back.
 """
 
 from __future__ import annotations
@@ -24,14 +29,27 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import Message
 
-from nvidia_device_plugin.api.dra_health.v1alpha1 import api_pb2 as health_pb
+from nvidia_device_plugin.api.dra_health.v1 import api_pb2 as health_pb
+from nvidia_device_plugin.api.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb
+from nvidia_device_plugin.api.dra_health.v1beta1 import api_pb2 as v1beta1_pb
 from nvidia_device_plugin.dra.device_health import DeviceHealthReport, HealthStatus
 from nvidia_device_plugin.plugin.protocol import RequestError, parse
 from nvidia_device_plugin.plugin.server import shorten
 
 log = logging.getLogger(__name__)
 
-SERVICE = "v1alpha1.DRAResourceHealth"  # the gRPC service, and its name in the registration's versions
+# Each version's gRPC service (its name in the registration's supported versions too, spelled as kubelet's
+# DRAResourceHealthService constants) and the request it parses. The requests are all empty and the
+# responses wire-identical across versions (the same fields, numbers and types; tests compare the
+# descriptors), so every version sends the feed's one message. Newest first, the registration's order:
+# kubelet 1.37+ takes v1 wherever it is listed, and a kubelet that takes the first name it knows takes the
+# newest it knows.
+_REQUESTS: dict[str, type[Message]] = {
+    "v1.DRAResourceHealth": health_pb.NodeWatchResourcesRequest,
+    "v1beta1.DRAResourceHealth": v1beta1_pb.NodeWatchResourcesRequest,
+    "v1alpha1.DRAResourceHealth": v1alpha1_pb.NodeWatchResourcesRequest,
+}
+SERVICES = tuple(_REQUESTS)
 METHOD = "NodeWatchResources"
 RESEND_INTERVAL_S = 10.0
 # What each device carries: kubelet marks a device Unknown after this long without news. Three resends,
@@ -162,14 +180,28 @@ def _response(stamped: Iterable[_Stamped]) -> Message:
 
 def health_handlers(
     feed: HealthFeed, resend_interval_s: float = RESEND_INTERVAL_S
-) -> grpc.GenericRpcHandler[bytes, Message]:
-    """The DRAResourceHealth service, answered from `feed` (responses go out already serialized)."""
+) -> list[grpc.GenericRpcHandler[bytes, Message]]:
+    """Each version's DRAResourceHealth service, all answered from `feed` (messages go out serialized)."""
+    return [
+        grpc.method_handlers_generic_handler(
+            service,
+            {METHOD: grpc.unary_stream_rpc_method_handler(_watch(feed, resend_interval_s, service))},
+        )
+        for service in SERVICES
+    ]
+
+
+def _watch(
+    feed: HealthFeed, resend_interval_s: float, service: str
+) -> Callable[[bytes, grpc.ServicerContext], Iterator[bytes]]:
+    """NodeWatchResources of `service`: the same stream for every version, only the request type its own."""
+    request_type = _REQUESTS[service]
 
     def watch(raw: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
             if len(raw) > MAX_REQUEST_BYTES:  # the endpoint's own bound is the DRA calls' (1 MiB)
                 raise RequestError(f"a NodeWatchResourcesRequest of {len(raw)} bytes (no field is known)")
-            parse(health_pb.NodeWatchResourcesRequest, raw)
+            parse(request_type, raw)
         except RequestError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, shorten(str(exc)))
         if not feed.open_stream():
@@ -178,7 +210,7 @@ def health_handlers(
                 f"at most {MAX_STREAMS} DRA health streams at once, or the plugin is stopping",
             )
         context.add_callback(feed.wake)  # the client went away, or the server stops: stop waiting
-        log.info("kubelet opened the DRA health stream")
+        log.info("kubelet opened the DRA health stream (%s)", service)
         try:
             seen = 0
             while (step := feed.next_message(seen, context.is_active, resend_interval_s)) is not None:
@@ -187,8 +219,6 @@ def health_handlers(
                     yield message
         finally:
             feed.close_stream()
-            log.info("the DRA health stream closed")
+            log.info("the DRA health stream (%s) closed", service)
 
-    return grpc.method_handlers_generic_handler(
-        SERVICE, {METHOD: grpc.unary_stream_rpc_method_handler(watch)}
-    )
+    return watch

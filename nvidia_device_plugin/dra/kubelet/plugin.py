@@ -22,7 +22,7 @@ from nvidia_device_plugin.dra.kubelet.checkpoint import BOOT_ID_PATH, Checkpoint
 from nvidia_device_plugin.dra.kubelet.claims import ClaimSource
 from nvidia_device_plugin.dra.kubelet.health_stream import MAX_STREAMS as MAX_HEALTH_STREAMS
 from nvidia_device_plugin.dra.kubelet.health_stream import RESEND_INTERVAL_S, HealthFeed, health_handlers
-from nvidia_device_plugin.dra.kubelet.health_stream import SERVICE as HEALTH_SERVICE
+from nvidia_device_plugin.dra.kubelet.health_stream import SERVICES as HEALTH_SERVICES
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, DraError, NodeDevices
 from nvidia_device_plugin.dra.kubelet.prepare import ClaimPreparer
 from nvidia_device_plugin.dra.kubelet.registration import (
@@ -143,7 +143,7 @@ class DraKubeletPlugin(Worker):
             self.endpoint,
             [
                 *(dra_handlers(version, preparer) for version in self.versions),
-                health_handlers(self.health_feed, self._health_resend_interval_s),
+                *health_handlers(self.health_feed, self._health_resend_interval_s),
             ],
             MAX_REQUEST_BYTES,
             MAX_RESPONSE_BYTES,
@@ -151,8 +151,8 @@ class DraKubeletPlugin(Worker):
             max_calls=MAX_CONCURRENT_CALLS,
             make_parent=True,
         )
-        # Kubelet opens the health stream only where the registration lists its service (1.36+).
-        services = [*(v.name for v in self.versions), HEALTH_SERVICE]
+        # Kubelet opens the health stream only where the registration lists a health service (1.36+).
+        services = [*(v.name for v in self.versions), *HEALTH_SERVICES]
         handlers = registration_handlers(self.driver_name, self.endpoint, services, self._state)
         self._registration_server = UnixServer(
             "dra-reg",
