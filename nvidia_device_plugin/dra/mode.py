@@ -25,7 +25,7 @@ from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
 from nvidia_device_plugin.dra.options import DraOptions
-from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
+from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, gpus_held, wanted_owners
 from nvidia_device_plugin.dra.podresources import list_pod_devices
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
 from nvidia_device_plugin.dra.slices import node_devices
@@ -33,7 +33,7 @@ from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
 from nvidia_device_plugin.nvml.host import HostPaths
-from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -198,14 +198,7 @@ class DraMode:
         if self._failures.clear("pod-resources"):
             log.info("DRA handover: kubelet's pod-resources API answers again")
         inventory = snapshot.inventory
-        ours = {p.name for p in snapshot.plans}
-        held_plugin = {
-            gpu.uuid
-            for name, ids in pods.plugin_ids.items()
-            if name in ours
-            for device_id in ids
-            if (gpu := inventory.gpu_of(physical_uuid_of(device_id))) is not None
-        }
+        held_plugin = gpus_held(pods.plugin_ids, inventory)
         names = published_devices(inventory)
         claimed = {
             d
@@ -216,9 +209,7 @@ class DraMode:
         held_dra = {names[d].gpu.uuid for d in claimed if d in names}
         published = self.publisher.published
         all_gpus = frozenset(g.uuid for g in inventory.gpus)
-        return Reading(
-            frozenset(held_plugin), frozenset(held_dra), all_gpus if published is None else published
-        )
+        return Reading(held_plugin, frozenset(held_dra), all_gpus if published is None else published)
 
 
 def _kube_slice_api(client: Any) -> SliceApi:

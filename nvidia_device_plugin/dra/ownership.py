@@ -26,7 +26,9 @@ from typing import Literal
 
 from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.dra import ALL_GPUS, Dra
+from nvidia_device_plugin.config.v1 import RESOURCE_PREFIX
 from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.plans.resources import physical_uuid_of
 
 Side = Literal["device-plugin", "dra"]
 DEVICE_PLUGIN: Side = "device-plugin"
@@ -50,6 +52,35 @@ def wanted_owners(inventory: Inventory, dra: Dra) -> dict[str, Side]:
         )
     owned = {by_ref[ref] for ref in dra.gpus}
     return {g.uuid: DRA if g.uuid in owned else DEVICE_PLUGIN for g in inventory.gpus}
+
+
+def gpus_held(plugin_ids: Mapping[str, Collection[str]], inventory: Inventory) -> frozenset[str]:
+    """The GPUs of this node that running pods hold through device-plugin IDs, whatever resource name they
+    were allocated under: a pod keeps the name of the config that admitted it, and a later config may have
+    renamed the resource (time-slicing `renameByDefault`, a `rename`, a MIG strategy change).
+
+    An ID names a GPU as a GPU UUID, a replica `<uuid>::<n>`, a MIG UUID (its parent GPU), a legacy MIG
+    name `MIG-<GPU UUID>/<gi>/<ci>`, or, under an nvidia.com/ name only (another vendor's "0" is not
+    ours), the `index` strategy's "3" or "3:1". An ID naming no GPU of this node holds none.
+    """
+    by_index = {str(g.index): g.uuid for g in inventory.gpus}
+    held = set()
+    for resource, ids in plugin_ids.items():
+        ours = resource.startswith(f"{RESOURCE_PREFIX}/")
+        for device_id in ids:
+            if (uuid := _gpu_named(device_id, inventory, by_index if ours else {})) is not None:
+                held.add(uuid)
+    return frozenset(held)
+
+
+def _gpu_named(device_id: str, inventory: Inventory, by_index: Mapping[str, str]) -> str | None:
+    physical = physical_uuid_of(device_id)
+    if (gpu := inventory.gpu_of(physical)) is not None:
+        return gpu.uuid
+    if physical.startswith("MIG-") and "/" in physical:  # MIG-GPU-<uuid>/<gi>/<ci> (drivers before R470)
+        legacy = inventory.gpu(physical.removeprefix("MIG-").split("/", 1)[0])
+        return legacy.uuid if legacy is not None else None
+    return by_index.get(physical.split(":", 1)[0])
 
 
 @dataclass(frozen=True)

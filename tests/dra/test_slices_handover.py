@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nvidia_device_plugin.config.dra import Dra
-from nvidia_device_plugin.config.v1 import Config, Recovery
+from nvidia_device_plugin.config.v1 import Config, Recovery, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.config.v1 import Health as HealthConfig
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.daemons.run import Daemon
@@ -121,6 +121,25 @@ def test_a_gpu_moves_to_dra_only_once_no_pod_holds_it(plugin_dir: Path, kubelet:
             del node.pods.plugin["training"]
         wait_for(lambda: node.sliced() == {gpu0}, "GPU 0 in the slices")
         assert gpu0 not in node.plugin_gpus()
+
+
+def test_a_pod_holding_a_gpu_under_a_resource_name_the_new_config_renamed_keeps_it_from_dra(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    """The pod was admitted as nvidia.com/gpu; the config that moves its GPU to DRA also renames the
+    resource (renameByDefault: nvidia.com/gpu.shared), so the pod's ID is under a name no plan has now."""
+    with dra_node(plugin_dir, kubelet, dra(())) as node:
+        wait_for(lambda: len(node.plugin_gpus()) == 8, "8 GPUs with the device plugin")
+        gpu0 = node.uuids[0]
+        with node.pods.lock:
+            node.pods.plugin["training"] = (GPU, [gpu0])
+        shared = ReplicatedResources(rename_by_default=True, resources=(ReplicatedResource(GPU, 2),))
+        node.reconfigure(dra(("0",), sharing=Sharing(time_slicing=shared)))
+        node.readings(5)
+        assert gpu0 not in node.sliced() and not node.settled()  # still held: served by neither
+        with node.pods.lock:
+            del node.pods.plugin["training"]
+        wait_for(lambda: node.sliced() == {gpu0}, "GPU 0 in the slices once the pod ended")
 
 
 def test_a_gpu_goes_back_to_the_device_plugin_only_once_its_claims_are_gone(
