@@ -26,7 +26,7 @@ from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
 from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, gpus_held, wanted_owners
-from nvidia_device_plugin.dra.podresources import list_pod_devices
+from nvidia_device_plugin.dra.podresources import KubeletRestarting, PodResourcesReader
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
 from nvidia_device_plugin.dra.slices import node_devices
 from nvidia_device_plugin.dra.taints import HealthTaints
@@ -65,6 +65,7 @@ class DraMode:
         api = options.slice_api(client) if options.slice_api is not None else _kube_slice_api(client)
         self.publisher = SlicePublisher(api, options.node_name, on_published=self._on_published)
         self.handover = Worker("dra-handover", target=self._handover, interrupt=self._wake.set)
+        self._pods = PodResourcesReader(options.pod_resources_socket, options.kubelet_restart_grace_s)
         self.kubelet = self._kubelet_plugin(cdi_spec_dir, client)
 
     def workers(self) -> list[Worker]:
@@ -191,12 +192,15 @@ class DraMode:
         if snapshot is None:
             return None
         try:
-            pods = list_pod_devices(self.options.pod_resources_socket)
+            pods = self._pods.read()
         except Exception as exc:  # the socket's problem, or a bug: the GPU waits, the thread goes on
-            self._failures.report("pod-resources", f"DRA handover waits: {exc}")
+            with self._lock:
+                self._owners.interrupt()  # "free on two readings in a row": this one breaks the row
+            level = logging.INFO if isinstance(exc, KubeletRestarting) else logging.WARNING
+            self._failures.report("pod-resources", f"DRA handover waits: {exc}", level)
             return None
         if self._failures.clear("pod-resources"):
-            log.info("DRA handover: kubelet's pod-resources API answers again")
+            log.info("DRA handover: kubelet's pod-resources API answers again, and its answers count")
         inventory = snapshot.inventory
         held_plugin = gpus_held(pods.plugin_ids, inventory)
         names = published_devices(inventory)

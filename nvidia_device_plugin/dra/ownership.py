@@ -132,6 +132,10 @@ class Owners:
                 moved.append(uuid)
         return moved
 
+    def interrupt(self) -> None:
+        """A reading that could not be made or trusted: the free readings so far no longer count."""
+        self.free_for.clear()
+
     def served_by(self, side: Side) -> frozenset[str]:
         return frozenset(uuid for uuid, owner in self.effective.items() if owner == side)
 

@@ -75,7 +75,11 @@ def dra(gpus: str | tuple[str, ...], **more: Any) -> Config:
 
 @contextmanager
 def dra_node(
-    plugin_dir: Path, kubelet: KubeletStandIn, config: Config, preset: str = "dgx-a100"
+    plugin_dir: Path,
+    kubelet: KubeletStandIn,
+    config: Config,
+    preset: str = "dgx-a100",
+    restart_grace_s: float = 0.2,
 ) -> Iterator[Node]:
     with FakeResourceSliceApi() as api, PodResourcesStandIn(plugin_dir / "pod-resources.sock") as pods:
         options = DraOptions(
@@ -85,6 +89,7 @@ def dra_node(
             kubelet_registry_dir=plugin_dir / "plugins_registry",
             api_client=lambda: api_client_for(api.url),
             poll_interval_s=0.01,
+            kubelet_restart_grace_s=restart_grace_s,
         )
         holder = [config]
         daemon = start_daemon(plugin_dir, preset, lambda: holder[0], dra=options)
@@ -169,6 +174,28 @@ def test_without_pod_resources_no_gpu_moves(plugin_dir: Path, kubelet: KubeletSt
         assert node.uuids[2] not in node.plugin_gpus() | node.sliced()
         node.pods.failing = False
         wait_for(lambda: node.sliced() == {node.uuids[2]}, "GPU 2 in the slices once kubelet answers")
+
+
+def test_a_kubelet_restart_s_empty_answers_do_not_free_a_held_gpu(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    """Kubelet restarts while GPU 0 moves to DRA: pod-resources fails, then answers from a new socket that
+    no pod holds anything (its pods are not back yet). Those answers do not count within the grace."""
+    with dra_node(plugin_dir, kubelet, dra(()), restart_grace_s=600) as node:
+        wait_for(lambda: len(node.plugin_gpus()) == 8, "8 GPUs with the device plugin")
+        gpu0 = node.uuids[0]
+        with node.pods.lock:
+            node.pods.plugin["training"] = (GPU, [gpu0])
+        node.reconfigure(dra(("0",)))
+        node.readings(3)
+        node.pods.failing = True
+        node.readings(3)
+        node.pods.restoring = True
+        node.pods.restart()
+        node.pods.failing = False
+        node.readings(5)
+        assert gpu0 not in node.sliced() | node.plugin_gpus()
+        assert node.daemon.dra is not None and node.daemon.dra.owners()[gpu0] == "moving to dra"
 
 
 class Load:
