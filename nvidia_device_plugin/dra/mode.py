@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
-from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
+from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.dra.claims_on_disk import claims_on_disk
+from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, gpu_device_name, published_devices
 from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, gpus_held, wanted_owners
 from nvidia_device_plugin.dra.podresources import KubeletRestarting, PodResourcesReader
@@ -66,6 +68,8 @@ class DraMode:
         self.publisher = SlicePublisher(api, options.node_name, on_published=self._on_published)
         self.handover = Worker("dra-handover", target=self._handover, interrupt=self._wake.set)
         self._pods = PodResourcesReader(options.pod_resources_socket, options.kubelet_restart_grace_s)
+        self._cdi_spec_dir = cdi_spec_dir
+        self._checkpoint_path = options.kubelet_plugins_dir / DRIVER_NAME / "checkpoint.json"
         self.kubelet = self._kubelet_plugin(cdi_spec_dir, client)
 
     def workers(self) -> list[Worker]:
@@ -123,7 +127,7 @@ class DraMode:
             claims=ApiClaimSource(api_client),
             node=self.node_view,
             cdi_spec_dir=cdi_spec_dir,
-            checkpoint_path=plugins_dir / DRIVER_NAME / "checkpoint.json",
+            checkpoint_path=self._checkpoint_path,
         )
 
     def node_view(self) -> NodeDevices | None:
@@ -202,18 +206,47 @@ class DraMode:
         if self._failures.clear("pod-resources"):
             log.info("DRA handover: kubelet's pod-resources API answers again, and its answers count")
         inventory = snapshot.inventory
-        held_plugin = gpus_held(pods.plugin_ids, inventory)
-        names = published_devices(inventory)
-        claimed = {
-            d
-            for driver, pool, d in pods.dra_devices
-            if driver == DRIVER_NAME and pool == self.options.node_name
-        }
-        claimed |= self._prepared_devices()
-        held_dra = {names[d].gpu.uuid for d in claimed if d in names}
         published = self.publisher.published
         all_gpus = frozenset(g.uuid for g in inventory.gpus)
-        return Reading(held_plugin, frozenset(held_dra), all_gpus if published is None else published)
+        return Reading(
+            gpus_held(pods.plugin_ids, inventory),
+            self._held_by_dra(inventory, pods.dra_devices),
+            all_gpus if published is None else published,
+        )
+
+    def _held_by_dra(self, inventory: Inventory, reported: frozenset[tuple[str, str, str]]) -> frozenset[str]:
+        """GPUs with a DRA claim: pod-resources reports it, our kubelet plugin prepared it, or its CDI spec
+        is on disk (a kubelet without DRA in pod-resources, a checkpoint set aside). Every GPU while what
+        the disk says is unknown."""
+        claimed = {
+            d for driver, pool, d in reported if driver == DRIVER_NAME and pool == self.options.node_name
+        }
+        claimed |= self._prepared_devices()
+        with self._lock:
+            leaving_dra = any(side == DEVICE_PLUGIN for side in self._owners.moving().values())
+        if leaving_dra:  # the disk is read only while a GPU waits to leave DRA
+            on_disk = claims_on_disk(self._cdi_spec_dir, self._checkpoint_path)
+            if on_disk.unknown is not None:
+                self._failures.report(
+                    "claims-on-disk", f"no GPU goes back to the device plugin: {on_disk.unknown}"
+                )
+                return frozenset(g.uuid for g in inventory.gpus)
+            if self._failures.clear("claims-on-disk"):
+                log.info("DRA handover: the claims on disk can be read again")
+            claimed |= on_disk.devices
+        names = published_devices(inventory)
+        by_minor = {gpu_device_name(g): g.uuid for g in inventory.gpus}
+        return frozenset(uuid for d in claimed if (uuid := _gpu_of_device(d, names, by_minor)) is not None)
+
+
+def _gpu_of_device(name: str, names: dict[str, DraDevice], by_minor: dict[str, str]) -> str | None:
+    """The GPU of DRA device `name`: a device published now, or, for one no longer published (a MIG layout
+    changed under a claim), the GPU its name starts with (`gpu-<minor>`)."""
+    if name in names:
+        return names[name].gpu.uuid
+    kind, _, rest = name.partition("-")
+    minor = rest.partition("-")[0]
+    return by_minor.get(f"{kind}-{minor}") if kind == "gpu" and minor.isdigit() else None
 
 
 def _kube_slice_api(client: Any) -> SliceApi:
