@@ -6,7 +6,8 @@ handover). Fed by the same path as the device plugin: each served snapshot (`ser
 (`on_health_change`). It owns three workers: "dra-slices" (dra/publisher.py), "dra-handover" (reads
 kubelet's pod-resources API while a GPU moves, dra/ownership.py) and the kubelet plugin (dra/kubelet/): the
 plugin reads the node through `node_view` (a `NodeDevices`, never blocking), and the handover reads the
-plugin's prepared claims so that a GPU with a prepared claim does not go back to the device plugin.
+plugin's prepared claims, and the claims on disk (dra/claims_on_disk.py: per-claim CDI specs, a checkpoint
+set aside), so that a GPU with a claim does not go back to the device plugin.
 
 The device plugin serves `plugin_plans(plans)`: the plans without the GPUs it does not own now; when a
 GPU changes sides, `on_owners_changed` asks the daemon to serve again.

@@ -1,18 +1,20 @@
 """One owner per GPU: which GPUs the config gives DRA, and the handover that moves a GPU between sides.
 
-The config (`dra.gpus`) says who should own each GPU; the handover (dra/handover.py) moves a GPU only
-once nothing on the side it leaves still uses it, so that no GPU is ever served by both sides at once
-(the scheduler counts Node allocatable and ResourceSlices separately, and would admit a pod on each):
+The config (`dra.gpus`) says who should own each GPU; the handover (dra/mode.py) moves a GPU only once
+nothing on the side it leaves still uses it, so that no GPU is ever served by both sides at once (the
+scheduler counts Node allocatable and ResourceSlices separately, and would admit a pod on each):
 
 * device plugin -> DRA: the GPU leaves the device plugin's lists at once (no new pod gets it); it enters
-  the ResourceSlice once kubelet's pod-resources API shows no running pod holding any of its
-  device-plugin IDs, on two readings in a row (an Allocate in flight at the first one shows by the
-  second).
+  the ResourceSlice once kubelet's pod-resources API shows no running pod holding any ID that names it
+  (`gpus_held`: under any resource name, since a pod keeps the name of the config that admitted it), on
+  two readings in a row (an Allocate in flight at the first one shows by the second).
 * DRA -> device plugin: the GPU leaves the ResourceSlice at once; it enters the device plugin's lists
-  once the published slices no longer hold it and neither pod-resources nor the kubelet DRA plugin shows
-  a claim on it, on two readings in a row.
+  once the published slices no longer hold it and no claim holds it (pod-resources, the kubelet DRA
+  plugin's prepared claims, a per-claim CDI spec on disk: dra/claims_on_disk.py), on two readings in a row.
 * At start every GPU is "moving" to its configured owner: the previous run may have left it with the
   other side.
+* A reading that fails, or that comes too soon after kubelet came back (dra/podresources.py), moves
+  nothing and breaks the row (`interrupt`).
 
 While moving a GPU is served by neither side. `Owners` holds the effective owner of each GPU and decides
 each step (`step`); it does no I/O.
