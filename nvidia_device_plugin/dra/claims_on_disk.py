@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nvidia_device_plugin.base.boundedio import read_bytes
+from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.kubelet.cdispec import CLAIM_CLASS, CLAIM_VENDOR
+from nvidia_device_plugin.dra.names import gpu_device_name, published_devices
 
 # A claim's spec names its few devices and their edits: a few KiB (8 MIG devices with their nodes, ~20 KiB).
 MAX_CLAIM_SPEC_BYTES = 1024 * 1024
@@ -61,6 +64,23 @@ def claims_on_disk(spec_dir: Path, checkpoint: Path) -> ClaimsOnDisk:
     except (OSError, ValueError) as exc:
         return ClaimsOnDisk(frozenset(), f"the DRA claim specs in {spec_dir} cannot be read: {exc}")
     return ClaimsOnDisk(frozenset(devices))
+
+
+def gpus_of_devices(devices: Iterable[str], inventory: Inventory) -> frozenset[str]:
+    """The GPUs of the DRA devices `devices`: a device published now, or, for one no longer published (a MIG
+    layout changed under a claim), the GPU its name starts with (`gpu-<minor>`). Other names hold none."""
+    names = published_devices(inventory)
+    by_name = {gpu_device_name(g): g.uuid for g in inventory.gpus}
+    held = set()
+    for device in devices:
+        if device in names:
+            held.add(names[device].gpu.uuid)
+            continue
+        kind, _, rest = device.partition("-")
+        minor = rest.partition("-")[0]
+        if kind == "gpu" and minor.isdigit() and (uuid := by_name.get(f"gpu-{minor}")) is not None:
+            held.add(uuid)
+    return frozenset(held)
 
 
 def _claim_specs(spec_dir: Path) -> list[tuple[str, Path]]:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.devices import Inventory
-from nvidia_device_plugin.dra.claims_on_disk import claims_on_disk
-from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, gpu_device_name, published_devices
+from nvidia_device_plugin.dra.claims_on_disk import claims_on_disk, gpus_of_devices
+from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
 from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, gpus_held, wanted_owners
 from nvidia_device_plugin.dra.podresources import KubeletRestarting, PodResourcesReader
@@ -235,19 +235,7 @@ class DraMode:
             if self._failures.clear("claims-on-disk"):
                 log.info("DRA handover: the claims on disk can be read again")
             claimed |= on_disk.devices
-        names = published_devices(inventory)
-        by_minor = {gpu_device_name(g): g.uuid for g in inventory.gpus}
-        return frozenset(uuid for d in claimed if (uuid := _gpu_of_device(d, names, by_minor)) is not None)
-
-
-def _gpu_of_device(name: str, names: dict[str, DraDevice], by_minor: dict[str, str]) -> str | None:
-    """The GPU of DRA device `name`: a device published now, or, for one no longer published (a MIG layout
-    changed under a claim), the GPU its name starts with (`gpu-<minor>`)."""
-    if name in names:
-        return names[name].gpu.uuid
-    kind, _, rest = name.partition("-")
-    minor = rest.partition("-")[0]
-    return by_minor.get(f"{kind}-{minor}") if kind == "gpu" and minor.isdigit() else None
+        return gpus_of_devices(claimed, inventory)
 
 
 def _kube_slice_api(client: Any) -> SliceApi:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.dra import claims_on_disk as module
-from nvidia_device_plugin.dra.claims_on_disk import ClaimsOnDisk, claims_on_disk
+from nvidia_device_plugin.dra.claims_on_disk import ClaimsOnDisk, claims_on_disk, gpus_of_devices
 from nvidia_device_plugin.dra.kubelet.cdispec import claim_spec_file
 
 UID_A = "0f3c6b1e-0000-4a5e-9d7e-00000000000a"
@@ -82,3 +82,18 @@ def test_a_set_aside_checkpoint_makes_the_claims_unknown_until_it_is_removed(tmp
     )
     aside.unlink()
     assert claims_on_disk(tmp_path / "cdi", checkpoint).unknown is None
+
+
+def test_a_claimed_device_holds_its_gpu_even_once_it_is_no_longer_published() -> None:
+    from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
+
+    mig = MigDevice("MIG-a", 0, "GPU-1", 0, "1g.10gb", 10 << 30, gpu_instance_id=1, compute_instance_id=0)
+    inventory = Inventory(
+        (
+            Gpu(0, "GPU-0", "NVIDIA A100-SXM4-80GB", 80 << 30, "00000000:07:00.0", 0, None, False, ()),
+            Gpu(1, "GPU-1", "NVIDIA A100-SXM4-80GB", 80 << 30, "00000000:0F:00.0", 1, None, True, (mig,)),
+            Gpu(2, "GPU-2", "NVIDIA A100-SXM4-80GB", 80 << 30, "00000000:47:00.0", 2, None, False, ()),
+        )
+    )
+    claimed = {"gpu-0", "gpu-1-mig-2g20gb-14-0", "gpu-9", "gpu-x", "nic-2"}  # a MIG layout since changed
+    assert gpus_of_devices(claimed, inventory) == {"GPU-0", "GPU-1"}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nvidia_device_plugin.cli.dra import DEFAULT_KUBELET_RESTART_GRACE_S
+from nvidia_device_plugin.cli.dra import DEFAULT_KUBELET_RESTART_GRACE_S, dra_options
+from nvidia_device_plugin.cli.main import build_parser
 from nvidia_device_plugin.devices import Gpu, Inventory, MigDevice
 from nvidia_device_plugin.dra.options import KUBELET_RESTART_GRACE_S
 from nvidia_device_plugin.dra.ownership import DRA, Owners, Reading, gpus_held
@@ -135,5 +136,17 @@ def test_a_missing_socket_is_named(plugin_dir: Path) -> None:
         reader.read()
 
 
-def test_the_flag_s_default_is_the_option_s() -> None:
+def test_the_grace_flag_reaches_the_options_with_the_option_s_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert DEFAULT_KUBELET_RESTART_GRACE_S == KUBELET_RESTART_GRACE_S
+    assert (
+        dra_options(build_parser({}).parse_args(["run"])).kubelet_restart_grace_s == KUBELET_RESTART_GRACE_S
+    )
+    args = build_parser({"NVDP_DRA_KUBELET_RESTART_GRACE": "90"}).parse_args(["run"])
+    assert dra_options(args).kubelet_restart_grace_s == 90.0
+    args = build_parser({}).parse_args(["run", "--dra-kubelet-restart-grace", "600"])
+    assert dra_options(args).kubelet_restart_grace_s == 600.0
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["run", "--dra-kubelet-restart-grace", "601"])
+    assert "must be a number of seconds in (0, 600], got '601'" in capsys.readouterr().err
