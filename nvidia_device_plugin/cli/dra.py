@@ -19,6 +19,7 @@ DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_HANDOVER_INTERVAL_S = 1.0  # as dra.mode.POLL_INTERVAL_S (not imported: `--help` stays light)
+DEFAULT_KUBELET_RESTART_GRACE_S = 30.0  # as dra.options.KUBELET_RESTART_GRACE_S
 
 
 def add_parser(commands: AddParser, environ: Mapping[str, str]) -> None:
@@ -73,6 +74,15 @@ def add_run_arguments(run: argparse.ArgumentParser, environ: Mapping[str, str]) 
         f"pod-resources (a GPU moves after two that find it free; default {DEFAULT_HANDOVER_INTERVAL_S:g}) "
         "[env NVDP_DRA_HANDOVER_INTERVAL]",
     )
+    group.add_argument(
+        "--dra-kubelet-restart-grace",
+        type=seconds_up_to(600),
+        default=env_value(environ, "NVDP_DRA_KUBELET_RESTART_GRACE", str(DEFAULT_KUBELET_RESTART_GRACE_S)),
+        metavar="SECONDS",
+        help="how long kubelet's pod-resources socket must have been up (after kubelet starts, or after a "
+        "reading that failed) before the handover believes it: kubelet restores its pods after the socket "
+        f"is up (default {DEFAULT_KUBELET_RESTART_GRACE_S:g}) [env NVDP_DRA_KUBELET_RESTART_GRACE]",
+    )
 
 
 def write_dra_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -119,6 +129,7 @@ def dra_options(args: argparse.Namespace) -> DraOptions:
         kubelet_registry_dir=Path(args.kubelet_registry_dir),
         api_client=api_client,
         poll_interval_s=args.dra_handover_interval,
+        kubelet_restart_grace_s=args.dra_kubelet_restart_grace,
     )
 
 

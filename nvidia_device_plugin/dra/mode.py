@@ -6,7 +6,8 @@ handover). Fed by the same path as the device plugin: each served snapshot (`ser
 (`on_health_change`). It owns three workers: "dra-slices" (dra/publisher.py), "dra-handover" (reads
 kubelet's pod-resources API while a GPU moves, dra/ownership.py) and the kubelet plugin (dra/kubelet/): the
 plugin reads the node through `node_view` (a `NodeDevices`, never blocking), and the handover reads the
-plugin's prepared claims so that a GPU with a prepared claim does not go back to the device plugin.
+plugin's prepared claims, and the claims on disk (dra/claims_on_disk.py: per-claim CDI specs, a checkpoint
+set aside), so that a GPU with a claim does not go back to the device plugin.
 
 The device plugin serves `plugin_plans(plans)`: the plans without the GPUs it does not own now; when a
 GPU changes sides, `on_owners_changed` asks the daemon to serve again.
@@ -23,18 +24,20 @@ from typing import TYPE_CHECKING, Any
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
+from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.dra.claims_on_disk import claims_on_disk, gpus_of_devices
 from nvidia_device_plugin.dra.device_health import device_health
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
 from nvidia_device_plugin.dra.options import DraOptions
-from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
-from nvidia_device_plugin.dra.podresources import list_pod_devices
+from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, gpus_held, wanted_owners
+from nvidia_device_plugin.dra.podresources import KubeletRestarting, PodResourcesReader
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
 from nvidia_device_plugin.dra.slices import node_devices
 from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
 from nvidia_device_plugin.nvml.host import HostPaths
-from nvidia_device_plugin.plans.resources import ResourcePlan, physical_uuid_of
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -67,6 +70,9 @@ class DraMode:
         api = options.slice_api(client) if options.slice_api is not None else _kube_slice_api(client)
         self.publisher = SlicePublisher(api, options.node_name, on_published=self._on_published)
         self.handover = Worker("dra-handover", target=self._handover, interrupt=self._wake.set)
+        self._pods = PodResourcesReader(options.pod_resources_socket, options.kubelet_restart_grace_s)
+        self._cdi_spec_dir = cdi_spec_dir
+        self._checkpoint_path = options.kubelet_plugins_dir / DRIVER_NAME / "checkpoint.json"
         self.kubelet = self._kubelet_plugin(cdi_spec_dir, client)
 
     def workers(self) -> list[Worker]:
@@ -125,7 +131,7 @@ class DraMode:
             claims=ApiClaimSource(api_client),
             node=self.node_view,
             cdi_spec_dir=cdi_spec_dir,
-            checkpoint_path=plugins_dir / DRIVER_NAME / "checkpoint.json",
+            checkpoint_path=self._checkpoint_path,
         )
 
     def node_view(self) -> NodeDevices | None:
@@ -199,34 +205,45 @@ class DraMode:
         if snapshot is None:
             return None
         try:
-            pods = list_pod_devices(self.options.pod_resources_socket)
+            pods = self._pods.read()
         except Exception as exc:  # the socket's problem, or a bug: the GPU waits, the thread goes on
-            self._failures.report("pod-resources", f"DRA handover waits: {exc}")
+            with self._lock:
+                self._owners.interrupt()  # "free on two readings in a row": this one breaks the row
+            level = logging.INFO if isinstance(exc, KubeletRestarting) else logging.WARNING
+            self._failures.report("pod-resources", f"DRA handover waits: {exc}", level)
             return None
         if self._failures.clear("pod-resources"):
-            log.info("DRA handover: kubelet's pod-resources API answers again")
+            log.info("DRA handover: kubelet's pod-resources API answers again, and its answers count")
         inventory = snapshot.inventory
-        ours = {p.name for p in snapshot.plans}
-        held_plugin = {
-            gpu.uuid
-            for name, ids in pods.plugin_ids.items()
-            if name in ours
-            for device_id in ids
-            if (gpu := inventory.gpu_of(physical_uuid_of(device_id))) is not None
-        }
-        names = published_devices(inventory)
-        claimed = {
-            d
-            for driver, pool, d in pods.dra_devices
-            if driver == DRIVER_NAME and pool == self.options.node_name
-        }
-        claimed |= self._prepared_devices()
-        held_dra = {names[d].gpu.uuid for d in claimed if d in names}
         published = self.publisher.published
         all_gpus = frozenset(g.uuid for g in inventory.gpus)
         return Reading(
-            frozenset(held_plugin), frozenset(held_dra), all_gpus if published is None else published
+            gpus_held(pods.plugin_ids, inventory),
+            self._held_by_dra(inventory, pods.dra_devices),
+            all_gpus if published is None else published,
         )
+
+    def _held_by_dra(self, inventory: Inventory, reported: frozenset[tuple[str, str, str]]) -> frozenset[str]:
+        """GPUs with a DRA claim: pod-resources reports it, our kubelet plugin prepared it, or its CDI spec
+        is on disk (a kubelet without DRA in pod-resources, a checkpoint set aside). Every GPU while what
+        the disk says is unknown."""
+        claimed = {
+            d for driver, pool, d in reported if driver == DRIVER_NAME and pool == self.options.node_name
+        }
+        claimed |= self._prepared_devices()
+        with self._lock:
+            leaving_dra = any(side == DEVICE_PLUGIN for side in self._owners.moving().values())
+        if leaving_dra:  # the disk is read only while a GPU waits to leave DRA
+            on_disk = claims_on_disk(self._cdi_spec_dir, self._checkpoint_path)
+            if on_disk.unknown is not None:
+                self._failures.report(
+                    "claims-on-disk", f"no GPU goes back to the device plugin: {on_disk.unknown}"
+                )
+                return frozenset(g.uuid for g in inventory.gpus)
+            if self._failures.clear("claims-on-disk"):
+                log.info("DRA handover: the claims on disk can be read again")
+            claimed |= on_disk.devices
+        return gpus_of_devices(claimed, inventory)
 
 
 def _kube_slice_api(client: Any) -> SliceApi:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from nvidia_device_plugin.dra.publisher import SliceApi
 
 POLL_INTERVAL_S = 1.0  # pod-resources readings while a GPU moves
+# How long a kubelet that just (re)started, or answered again after a failed reading, must have served
+# pod-resources before the handover believes it: kubelet restores its pods (from the API server and its
+# static pod files) after its socket is up, and until then answers that no pod holds anything.
+KUBELET_RESTART_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -28,3 +32,4 @@ class DraOptions:
     api_client: Callable[[], Any]  # a `kubernetes` ApiClient (in-cluster, or $KUBECONFIG)
     slice_api: Callable[[Any], SliceApi] | None = None  # None: dra.apiserver.KubeSliceApi
     poll_interval_s: float = POLL_INTERVAL_S
+    kubelet_restart_grace_s: float = KUBELET_RESTART_GRACE_S

@@ -1,18 +1,20 @@
 """One owner per GPU: which GPUs the config gives DRA, and the handover that moves a GPU between sides.
 
-The config (`dra.gpus`) says who should own each GPU; the handover (dra/handover.py) moves a GPU only
-once nothing on the side it leaves still uses it, so that no GPU is ever served by both sides at once
-(the scheduler counts Node allocatable and ResourceSlices separately, and would admit a pod on each):
+The config (`dra.gpus`) says who should own each GPU; the handover (dra/mode.py) moves a GPU only once
+nothing on the side it leaves still uses it, so that no GPU is ever served by both sides at once (the
+scheduler counts Node allocatable and ResourceSlices separately, and would admit a pod on each):
 
 * device plugin -> DRA: the GPU leaves the device plugin's lists at once (no new pod gets it); it enters
-  the ResourceSlice once kubelet's pod-resources API shows no running pod holding any of its
-  device-plugin IDs, on two readings in a row (an Allocate in flight at the first one shows by the
-  second).
+  the ResourceSlice once kubelet's pod-resources API shows no running pod holding any ID that names it
+  (`gpus_held`: under any resource name, since a pod keeps the name of the config that admitted it), on
+  two readings in a row (an Allocate in flight at the first one shows by the second).
 * DRA -> device plugin: the GPU leaves the ResourceSlice at once; it enters the device plugin's lists
-  once the published slices no longer hold it and neither pod-resources nor the kubelet DRA plugin shows
-  a claim on it, on two readings in a row.
+  once the published slices no longer hold it and no claim holds it (pod-resources, the kubelet DRA
+  plugin's prepared claims, a per-claim CDI spec on disk: dra/claims_on_disk.py), on two readings in a row.
 * At start every GPU is "moving" to its configured owner: the previous run may have left it with the
   other side.
+* A reading that fails, or that comes too soon after kubelet came back (dra/podresources.py), moves
+  nothing and breaks the row (`interrupt`).
 
 While moving a GPU is served by neither side. `Owners` holds the effective owner of each GPU and decides
 each step (`step`); it does no I/O.
@@ -26,7 +28,9 @@ from typing import Literal
 
 from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.dra import ALL_GPUS, Dra
+from nvidia_device_plugin.config.v1 import RESOURCE_PREFIX
 from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.plans.resources import physical_uuid_of
 
 Side = Literal["device-plugin", "dra"]
 DEVICE_PLUGIN: Side = "device-plugin"
@@ -50,6 +54,35 @@ def wanted_owners(inventory: Inventory, dra: Dra) -> dict[str, Side]:
         )
     owned = {by_ref[ref] for ref in dra.gpus}
     return {g.uuid: DRA if g.uuid in owned else DEVICE_PLUGIN for g in inventory.gpus}
+
+
+def gpus_held(plugin_ids: Mapping[str, Collection[str]], inventory: Inventory) -> frozenset[str]:
+    """The GPUs of this node that running pods hold through device-plugin IDs, whatever resource name they
+    were allocated under: a pod keeps the name of the config that admitted it, and a later config may have
+    renamed the resource (time-slicing `renameByDefault`, a `rename`, a MIG strategy change).
+
+    An ID names a GPU as a GPU UUID, a replica `<uuid>::<n>`, a MIG UUID (its parent GPU), a legacy MIG
+    name `MIG-<GPU UUID>/<gi>/<ci>`, or, under an nvidia.com/ name only (another vendor's "0" is not
+    ours), the `index` strategy's "3" or "3:1". An ID naming no GPU of this node holds none.
+    """
+    by_index = {str(g.index): g.uuid for g in inventory.gpus}
+    held = set()
+    for resource, ids in plugin_ids.items():
+        ours = resource.startswith(f"{RESOURCE_PREFIX}/")
+        for device_id in ids:
+            if (uuid := _gpu_named(device_id, inventory, by_index if ours else {})) is not None:
+                held.add(uuid)
+    return frozenset(held)
+
+
+def _gpu_named(device_id: str, inventory: Inventory, by_index: Mapping[str, str]) -> str | None:
+    physical = physical_uuid_of(device_id)
+    if (gpu := inventory.gpu_of(physical)) is not None:
+        return gpu.uuid
+    if physical.startswith("MIG-") and "/" in physical:  # MIG-GPU-<uuid>/<gi>/<ci> (drivers before R470)
+        legacy = inventory.gpu(physical.removeprefix("MIG-").split("/", 1)[0])
+        return legacy.uuid if legacy is not None else None
+    return by_index.get(physical.split(":", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -100,6 +133,10 @@ class Owners:
                 del self.free_for[uuid]
                 moved.append(uuid)
         return moved
+
+    def interrupt(self) -> None:
+        """A reading that could not be made or trusted: the free readings so far no longer count."""
+        self.free_for.clear()
 
     def served_by(self, side: Side) -> frozenset[str]:
         return frozenset(uuid for uuid, owner in self.effective.items() if owner == side)

@@ -5,16 +5,17 @@ served by both sides, and XID taints that come and go with health."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from nvidia_device_plugin.config.dra import Dra
-from nvidia_device_plugin.config.v1 import Config, Recovery
+from nvidia_device_plugin.config.v1 import Config, Recovery, ReplicatedResource, ReplicatedResources, Sharing
 from nvidia_device_plugin.config.v1 import Health as HealthConfig
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.daemons.run import Daemon
@@ -75,7 +76,12 @@ def dra(gpus: str | tuple[str, ...], **more: Any) -> Config:
 
 @contextmanager
 def dra_node(
-    plugin_dir: Path, kubelet: KubeletStandIn, config: Config, preset: str = "dgx-a100"
+    plugin_dir: Path,
+    kubelet: KubeletStandIn,
+    config: Config,
+    preset: str = "dgx-a100",
+    restart_grace_s: float = 0.2,
+    settle: bool = True,
 ) -> Iterator[Node]:
     with FakeResourceSliceApi() as api, PodResourcesStandIn(plugin_dir / "pod-resources.sock") as pods:
         options = DraOptions(
@@ -85,12 +91,19 @@ def dra_node(
             kubelet_registry_dir=plugin_dir / "plugins_registry",
             api_client=lambda: api_client_for(api.url),
             poll_interval_s=0.01,
+            kubelet_restart_grace_s=restart_grace_s,
         )
         holder = [config]
-        daemon = start_daemon(plugin_dir, preset, lambda: holder[0], dra=options)
+
+        def load() -> Config:  # the per-claim CDI specs in the test's own directory, never /var/run/cdi
+            plugin = replace(holder[0].flags.plugin, cdi_spec_dir=str(plugin_dir / "cdi"))
+            return replace(holder[0], flags=replace(holder[0].flags, plugin=plugin))
+
+        daemon = start_daemon(plugin_dir, preset, load, dra=options)
         try:
             node = Node(daemon, kubelet, api, pods, holder, gpu_uuids(daemon))
-            wait_for(node.settled, "the first handover")
+            if settle:
+                wait_for(node.settled, "the first handover")
             yield node
         finally:
             daemon.stop()
@@ -123,6 +136,25 @@ def test_a_gpu_moves_to_dra_only_once_no_pod_holds_it(plugin_dir: Path, kubelet:
         assert gpu0 not in node.plugin_gpus()
 
 
+def test_a_pod_holding_a_gpu_under_a_resource_name_the_new_config_renamed_keeps_it_from_dra(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    """The pod was admitted as nvidia.com/gpu; the config that moves its GPU to DRA also renames the
+    resource (renameByDefault: nvidia.com/gpu.shared), so the pod's ID is under a name no plan has now."""
+    with dra_node(plugin_dir, kubelet, dra(())) as node:
+        wait_for(lambda: len(node.plugin_gpus()) == 8, "8 GPUs with the device plugin")
+        gpu0 = node.uuids[0]
+        with node.pods.lock:
+            node.pods.plugin["training"] = (GPU, [gpu0])
+        shared = ReplicatedResources(rename_by_default=True, resources=(ReplicatedResource(GPU, 2),))
+        node.reconfigure(dra(("0",), sharing=Sharing(time_slicing=shared)))
+        node.readings(5)
+        assert gpu0 not in node.sliced() and not node.settled()  # still held: served by neither
+        with node.pods.lock:
+            del node.pods.plugin["training"]
+        wait_for(lambda: node.sliced() == {gpu0}, "GPU 0 in the slices once the pod ended")
+
+
 def test_a_gpu_goes_back_to_the_device_plugin_only_once_its_claims_are_gone(
     plugin_dir: Path, kubelet: KubeletStandIn
 ) -> None:
@@ -150,6 +182,87 @@ def test_without_pod_resources_no_gpu_moves(plugin_dir: Path, kubelet: KubeletSt
         assert node.uuids[2] not in node.plugin_gpus() | node.sliced()
         node.pods.failing = False
         wait_for(lambda: node.sliced() == {node.uuids[2]}, "GPU 2 in the slices once kubelet answers")
+
+
+def test_a_kubelet_restart_s_empty_answers_do_not_free_a_held_gpu(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    """Kubelet restarts while GPU 0 moves to DRA: pod-resources fails, then answers from a new socket that
+    no pod holds anything (its pods are not back yet). Those answers do not count within the grace."""
+    with dra_node(plugin_dir, kubelet, dra(()), restart_grace_s=600) as node:
+        wait_for(lambda: len(node.plugin_gpus()) == 8, "8 GPUs with the device plugin")
+        gpu0 = node.uuids[0]
+        with node.pods.lock:
+            node.pods.plugin["training"] = (GPU, [gpu0])
+        node.reconfigure(dra(("0",)))
+        node.readings(3)
+        node.pods.failing = True
+        node.readings(3)
+        node.pods.restoring = True
+        node.pods.restart()
+        node.pods.failing = False
+        node.readings(5)
+        assert gpu0 not in node.sliced() | node.plugin_gpus()
+        assert node.daemon.dra is not None and node.daemon.dra.owners()[gpu0] == "moving to dra"
+
+
+def _claim_spec(plugin_dir: Path, uid: str, devices: list[str]) -> Path:
+    """A per-claim CDI spec as the kubelet plugin writes it for a prepared claim (its edits left out)."""
+    path = plugin_dir / "cdi" / f"k8s.gpu.nvidia.com-claim_{uid}.json"
+    path.parent.mkdir(exist_ok=True)
+    names = [{"name": f"{uid}-{d}", "containerEdits": {}} for d in devices]
+    path.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": names}))
+    return path
+
+
+def test_a_gpu_whose_claim_spec_is_on_disk_stays_with_dra(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    """Kubelet 1.34/1.35 with the pod-resources DRA gate off reports no claim; the claim's CDI spec,
+    there from prepare to unprepare, keeps its GPU on the DRA side."""
+    with dra_node(plugin_dir, kubelet, dra(("0", "1"))) as node:
+        gpu1 = node.uuids[1]
+        wait_for(lambda: node.sliced() == set(node.uuids[:2]), "GPUs 0 and 1 in the slices")
+        spec = _claim_spec(plugin_dir, "0f3c6b1e-0000-4a5e-9d7e-000000000001", ["gpu-1"])
+        node.reconfigure(dra(("0",)))
+        wait_for(lambda: node.sliced() == {node.uuids[0]}, "GPU 1 to leave the slices")
+        node.readings(5)
+        assert gpu1 not in node.plugin_gpus()
+        spec.unlink()  # kubelet unprepared the claim
+        wait_for(lambda: gpu1 in node.plugin_gpus(), "GPU 1 back with the device plugin")
+
+
+def test_an_unreadable_claim_spec_keeps_every_gpu_with_dra(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
+    with dra_node(plugin_dir, kubelet, dra(("0", "1"))) as node:
+        wait_for(lambda: node.sliced() == set(node.uuids[:2]), "GPUs 0 and 1 in the slices")
+        spec = _claim_spec(plugin_dir, "0f3c6b1e-0000-4a5e-9d7e-000000000002", [])
+        spec.write_text("{not json")
+        node.reconfigure(dra(()))
+        wait_for(lambda: node.sliced() == set(), "GPUs 0 and 1 to leave the slices")
+        node.readings(5)
+        assert not set(node.uuids[:2]) & node.plugin_gpus()
+        spec.unlink()
+        wait_for(lambda: len(node.plugin_gpus()) == 8, "GPUs 0 and 1 back with the device plugin")
+
+
+def test_a_corrupt_checkpoint_keeps_every_gpu_with_dra_until_it_is_removed(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    """The kubelet plugin sets a corrupt checkpoint aside and forgets the claims it listed: while the
+    set-aside file is there, no GPU goes back to the device plugin."""
+    checkpoint = plugin_dir / "plugins" / "gpu.nvidia.com" / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text('{"version": 1, "bootID": ')
+    with dra_node(plugin_dir, kubelet, dra(("0", "1")), settle=False) as node:
+        wait_for(lambda: node.sliced() == set(node.uuids[:2]), "GPUs 0 and 1 in the slices")
+        aside = checkpoint.with_name("checkpoint.json.corrupt")
+        assert aside.exists()
+        node.readings(5)
+        assert node.plugin_gpus() == set()  # GPUs 2-7 may have been DRA's in the run that wrote it
+        node.reconfigure(dra(("0",)))
+        wait_for(lambda: node.sliced() == {node.uuids[0]}, "GPU 1 to leave the slices")
+        node.readings(5)
+        assert node.plugin_gpus() == set()
+        aside.unlink()  # the operator checked that no pod uses a claim prepared before
+        wait_for(lambda: node.plugin_gpus() == set(node.uuids[1:]), "GPUs 1-7 with the device plugin")
 
 
 class Load:
