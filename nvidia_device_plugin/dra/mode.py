@@ -28,7 +28,7 @@ from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, wanted_owners
 from nvidia_device_plugin.dra.podresources import list_pod_devices
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
-from nvidia_device_plugin.dra.slices import node_devices
+from nvidia_device_plugin.dra.slices import node_counter_sets, node_devices
 from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
@@ -148,8 +148,9 @@ class DraMode:
             snapshot, owned = self._snapshot, self._owners.served_by(DRA)
         if snapshot is None:
             return
-        devices = node_devices(snapshot.inventory, snapshot.plans, owned, self.taints)
-        self.publisher.publish(devices, owned)
+        dynamic = snapshot.config.dra.dynamic_mig
+        devices = node_devices(snapshot.inventory, snapshot.plans, owned, self.taints, dynamic)
+        self.publisher.publish(devices, owned, node_counter_sets(snapshot.inventory, owned, dynamic))
 
     def _on_published(self, gpus: frozenset[str]) -> None:
         with self._lock:
