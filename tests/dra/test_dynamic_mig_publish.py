@@ -194,7 +194,7 @@ def profile(name: str) -> Request:
 
 
 def whole_gpu(d: Json) -> bool:
-    return d["attributes"]["type"] == {"string": "gpu"}
+    return bool(d["attributes"]["type"] == {"string": "gpu"})
 
 
 # --- the tests ----------------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def test_two_gpus_hold_twice_as_much_and_a_whole_gpu_never_shares_one_with_a_par
     # No whole GPU is published for a GPU in MIG mode; were one published, it would consume every counter.
     assert not [d for d in devices_of(slices).values() if whole_gpu(d)]
     gpu = a100(0)
-    whole = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
+    whole: Json = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
     whole["consumesCounters"] = whole_gpu_consumption(gpu)
     assert allocate(slices, [whole_gpu], [whole]) == ["gpu-0"]
     for row in A100_80GB:
