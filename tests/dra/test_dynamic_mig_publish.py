@@ -12,6 +12,7 @@ import argparse
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -24,6 +25,9 @@ from nvidia_device_plugin.dra.kinds.partition import whole_gpu_consumption
 from nvidia_device_plugin.dra.ownership import DRA, wanted_owners
 from nvidia_device_plugin.dra.slices import node_counter_sets, node_devices, planned_slices, slice_contents
 from nvidia_device_plugin.dra.sync import plan_contents_sync
+from nvidia_device_plugin.dra.taints import HealthTaints
+from nvidia_device_plugin.events import CauseKind, HealthCause
+from nvidia_device_plugin.health.registry import Verdict
 
 from support.dra_rules import validate_objects
 from support.inventories import make_gpu, mig_uuid, node
@@ -380,3 +384,23 @@ def test_the_config_key_flag_and_env() -> None:
     assert resolve_config(parser.parse_args([]), {"NVDP_DRA_DYNAMIC_MIG": "true"}).dra.dynamic_mig is True
     args = parser.parse_args(["--dra-dynamic-mig=false"])
     assert resolve_config(args, {"NVDP_DRA_DYNAMIC_MIG": "true"}).dra.dynamic_mig is False
+
+
+def test_a_gpus_health_taint_lands_on_every_partition_of_it_and_on_its_made_devices() -> None:
+    inventory = node(a100(0, made=[("3g.40gb", 4)]), a100(1))
+    made = inventory.gpus[0].mig_devices[0]
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    verdicts = {
+        inventory.gpus[1].uuid: Verdict(HealthCause(CauseKind.XID, "XID 79", 79), when),
+        made.uuid: Verdict(HealthCause(CauseKind.XID, "XID 48", 48), when),
+    }
+    uuids = {g.uuid for g in inventory.gpus}
+    devices = node_devices(inventory, [], uuids, HealthTaints(lambda: verdicts), dynamic_mig=True)
+    tainted = {d["name"]: d["taints"][0]["value"] for d in devices if d.get("taints")}
+    assert {n for n, xid in tainted.items() if xid == "79"} == {
+        d["name"] for d in devices if d["name"].startswith("gpu-1-")
+    }
+    assert {n for n, xid in tainted.items() if xid == "48"} == {"gpu-0-mig-3g40gb-9-4"}
+    slices = planned_slices("gpu-node-1", devices, node_counter_sets(inventory, uuids, True))
+    assert validate_objects(slices) == len(slices)
+    check_counter_rules(slices)
