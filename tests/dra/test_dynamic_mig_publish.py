@@ -193,6 +193,26 @@ def allocate(slices: list[Json], requests: Sequence[Request], extra: Sequence[Js
     return search(0, [])
 
 
+def first_fit(slices: list[Json], claims: Sequence[Request]) -> list[str] | None:
+    """Claims allocated one after another, as the scheduler does for pods that come one by one: each gets
+    the first published device it selects that still fits, and no claim is moved for a later one."""
+    chosen: list[str] = []
+    for claim in claims:
+        taken = {name: d for name, d in devices_of(slices).items() if name in chosen}
+        free = [d for name, d in devices_of(slices).items() if name not in chosen and claim(d)]
+        found = next(
+            (d["name"] for d in free if allocate(slices, [_named(n) for n in [*taken, d["name"]]])), None
+        )
+        if found is None:
+            return None
+        chosen.append(found)
+    return chosen
+
+
+def _named(name: str) -> Request:
+    return lambda d: d["name"] == name
+
+
 def profile(name: str) -> Request:
     return lambda d: d["attributes"].get("profile") == {"string": name}
 
@@ -279,6 +299,18 @@ def test_the_placements_fit_as_nvidias_table_says() -> None:
     assert allocate(slices, [seven, one]) is None and allocate(slices, [one, seven]) is None
     assert allocate(slices, [profile("2g.20gb")] * 3 + [one]) is not None
     assert allocate(slices, [profile("2g.20gb")] * 3 + [profile("3g.40gb")]) is None
+
+
+def test_claims_that_come_one_by_one_pack_from_the_last_slice_so_large_profiles_still_fit() -> None:
+    slices = publish(node(a100(0)))
+    one, three, four = profile("1g.10gb"), profile("3g.40gb"), profile("4g.40gb")
+    assert first_fit(slices, [three, four]) == ["gpu-0-mig-3g40gb-9-4", "gpu-0-mig-4g40gb-5-0"]
+    assert first_fit(slices, [one, four]) == ["gpu-0-mig-1g10gb-19-6", "gpu-0-mig-4g40gb-5-0"]
+    assert first_fit(slices, [profile("2g.20gb"), four, one]) is not None
+    sevens = first_fit(slices, [one] * 7)
+    assert sevens == [f"gpu-0-mig-1g10gb-19-{start}" for start in range(6, -1, -1)]
+    assert first_fit(slices, [one] * 8) is None and first_fit(slices, [four, four]) is None
+    assert first_fit(slices, [one, profile("7g.80gb")]) is None
 
 
 def test_two_gpus_hold_twice_as_much_and_a_whole_gpu_never_shares_one_with_a_partition() -> None:

@@ -102,6 +102,16 @@ def whole_gpu_consumption(gpu: Gpu) -> list[Json]:
     return [{"counterSet": counter_set_name(gpu), "counters": gpu_counters(gpu)}]
 
 
+def placement_order(options: tuple[MigPlacementOption, ...]) -> list[MigPlacementOption]:
+    """`options` in publishing order: profiles as NVML lists them, each profile's placements from the last
+    start down. The scheduler gives each claim the first published device that fits, so small profiles
+    fill the GPU from its last slice and leave the first ones, where the large profiles must start (on an
+    A100 a 4g.40gb and a 7g.80gb only at 0), free longest: a 3g.40gb then goes to 4, and a 4g.40gb still
+    fits beside it."""
+    profiles = {gi: n for n, gi in enumerate(dict.fromkeys(o.gi_profile_id for o in options))}
+    return sorted(options, key=lambda o: (profiles[o.gi_profile_id], -o.start))
+
+
 def _value(capacity: str, value: int) -> str:
     return quantity(value) if capacity == "memory" else str(value)
 
@@ -123,13 +133,14 @@ class Partition:
 
     def devices(self, gpu: Gpu) -> list[DraDevice]:
         """Every placement of `gpu` that no existing MIG device overlaps, then each existing MIG device as
-        the placement it occupies, by name (NVML's order: profile, then start)."""
+        the placement it occupies, by name: profiles in NVML's order, each one's placements from the last
+        start down (placement_order)."""
         if not self.applies(gpu):
             return []
         made = {(m.gi_profile_info_id, m.placement): m for m in gpu.mig_devices}
         taken = [m.placement for m in gpu.mig_devices if m.placement is not None]
         found: dict[str, DraDevice] = {}
-        for option in gpu.mig_placements:
+        for option in placement_order(gpu.mig_placements):
             where = (option.start, option.size)
             mig = made.pop((option.gi_profile_id, where), None)
             if mig is None and any(_overlaps(where, t) for t in taken):
