@@ -436,3 +436,12 @@ def test_a_gpus_health_taint_lands_on_every_partition_of_it_and_on_its_made_devi
     slices = planned_slices("gpu-node-1", devices, node_counter_sets(inventory, uuids, True))
     assert validate_objects(slices) == len(slices)
     check_counter_rules(slices)
+
+
+def test_an_existing_mig_device_nvml_lists_no_placement_for_stays_allocatable() -> None:
+    made = a100(0, made=[("7g.80gb", 0)])
+    gpu = replace(made, mig_placements=tuple(o for o in made.mig_placements if o.profile != "7g.80gb"))
+    slices = publish(node(gpu))
+    assert list(devices_of(slices)) == ["gpu-0-mig-7g80gb-0-0"]
+    assert counter_sets_of(slices)["gpu-0-counter-set"]["multiprocessors"] == "98"
+    assert allocate(slices, [profile("7g.80gb")]) == ["gpu-0-mig-7g80gb-0-0"]

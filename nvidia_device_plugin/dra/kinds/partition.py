@@ -74,17 +74,26 @@ def _counter(capacity: str) -> str:
     return dict(_ENGINES).get(capacity, capacity)
 
 
+def _every_placement(gpu: Gpu) -> list[MigPlacementOption]:
+    """NVML's placements of `gpu` and those its existing MIG devices occupy (the same, unless NVML does not
+    list one of them)."""
+    made = [
+        _option_of(m) for m in gpu.mig_devices if m.placement is not None and m.gi_profile_info_id is not None
+    ]
+    return [*gpu.mig_placements, *made]
+
+
 def memory_slices(gpu: Gpu) -> int:
     """How many memory slices `gpu`'s placements are counted in (NVML's count, or the last one any
     placement covers where it was not read)."""
-    covered = max((o.start + o.size for o in gpu.mig_placements), default=0)
+    covered = max((o.start + o.size for o in _every_placement(gpu)), default=0)
     return max(gpu.mig_memory_slices, covered)
 
 
 def gpu_counters(gpu: Gpu) -> Json:
     """The counters of `gpu`'s counter set: the whole GPU (what its largest profiles take, and each slice)."""
     totals: dict[str, int] = {}
-    for option in gpu.mig_placements:
+    for option in _every_placement(gpu):
         for capacity, value in _dimensions(option).items():
             totals[capacity] = max(totals.get(capacity, 0), value)
     counters: Json = {_counter(c): {"value": _value(c, v)} for c, v in totals.items()}
