@@ -104,9 +104,12 @@ def write_dra_plan(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     for obj in [*plan.slices, *plan.classes]:
         path = out / f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
         path.write_text(yaml.safe_dump(obj, sort_keys=False))
-    devices = sum(len(s["spec"]["devices"]) for s in plan.slices)
+    devices = sum(len(s["spec"].get("devices", [])) for s in plan.slices)
+    counter_sets = sum(len(s["spec"].get("sharedCounters", [])) for s in plan.slices)
     gpus = ", ".join(map(str, plan.owned)) or "none"
     print(f"{out}: {len(plan.slices)} ResourceSlice(s) with {devices} device(s) of GPUs {gpus}, ", end="")
+    if counter_sets:  # dynamic MIG: one per GPU publishing MIG partitions
+        print(f"{counter_sets} counter set(s), ", end="")
     print(f"{len(plan.classes)} DeviceClass(es)")
     if not plan.enabled:
         print("note: dra.enabled is false in this config; a daemon publishes these once it is turned on")

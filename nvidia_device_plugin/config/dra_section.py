@@ -9,13 +9,17 @@ from nvidia_device_plugin.config.document import Invalid, fail, fail_type, show
 from nvidia_device_plugin.config.dra import ALL_GPUS, Dra
 from nvidia_device_plugin.config.schema import Section
 
-DRA_FIELDS = ("enabled", "gpus")
+DRA_FIELDS = ("enabled", "gpus", "dynamicMig")
 _INDEX = re.compile(r"[0-9]+")
 _UUID = re.compile(r"gpu-[0-9a-f-]+", re.IGNORECASE)
 
 
 def parse_dra(s: Section) -> Dra:
-    return Dra(enabled=s.get_bool("enabled", False), gpus=_gpu_refs(s.raw("gpus"), s.path_of("gpus")))
+    return Dra(
+        enabled=s.get_bool("enabled", False),
+        gpus=_gpu_refs(s.raw("gpus"), s.path_of("gpus")),
+        dynamic_mig=s.get_bool("dynamicMig", False),
+    )
 
 
 def _gpu_refs(value: object, path: str) -> Literal["all"] | tuple[str, ...]:

@@ -192,6 +192,13 @@ CONFIG_OPTIONS: tuple[ConfigOption, ...] = (
         "the GPUs DRA owns when it is on: all, or GPU indices / UUIDs (comma-separated)",
     ),
     ConfigOption(
+        "dra.dynamicMig",
+        ("--dra-dynamic-mig",),
+        ("NVDP_DRA_DYNAMIC_MIG",),
+        "bool",
+        "DRA-owned GPUs in MIG mode publish every possible MIG placement (dynamic MIG, KEP-4815 counters)",
+    ),
+    ConfigOption(
         "imex.required",
         ("--imex-required",),
         ("IMEX_REQUIRED",),

@@ -32,7 +32,7 @@ from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.dra.ownership import DEVICE_PLUGIN, DRA, Owners, Reading, gpus_held, wanted_owners
 from nvidia_device_plugin.dra.podresources import KubeletRestarting, PodResourcesReader
 from nvidia_device_plugin.dra.publisher import SliceApi, SlicePublisher
-from nvidia_device_plugin.dra.slices import node_devices
+from nvidia_device_plugin.dra.slices import node_counter_sets, node_devices
 from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
@@ -107,7 +107,8 @@ class DraMode:
             snapshot, owned = self._snapshot, self._owners.served_by(DRA)
         if snapshot is None:
             return {}
-        return {n: d for n, d in published_devices(snapshot.inventory).items() if d.gpu.uuid in owned}
+        published = published_devices(snapshot.inventory, snapshot.config.dra.dynamic_mig)
+        return {n: d for n, d in published.items() if d.gpu.uuid in owned}
 
     def owners(self) -> dict[str, str]:
         """GPU UUID -> its side now, or "moving to <side>"."""
@@ -157,8 +158,9 @@ class DraMode:
             snapshot, owned = self._snapshot, self._owners.served_by(DRA)
         if snapshot is None:
             return
-        devices = node_devices(snapshot.inventory, snapshot.plans, owned, self.taints)
-        self.publisher.publish(devices, owned)
+        dynamic = snapshot.config.dra.dynamic_mig
+        devices = node_devices(snapshot.inventory, snapshot.plans, owned, self.taints, dynamic)
+        self.publisher.publish(devices, owned, node_counter_sets(snapshot.inventory, owned, dynamic))
         # The same devices and verdicts as the slices' taints, to kubelet's health stream.
         disabled = snapshot.config.health.disabled
         self.kubelet.health_feed.refresh(

@@ -1,10 +1,11 @@
 """The "dra-slices" worker: keeps this node's ResourceSlices what the daemon last asked for.
 
-`publish(devices, gpus)` hands it the wanted devices; the worker waits DEBOUNCE_S for more (a reload
-and the health changes around it come together), then syncs (dra/sync.py) and tells `on_published` the
-GPUs the API server now holds (the handover waits for that before a GPU goes back to the device
-plugin). A failed sync is retried with backoff, RETRY_MIN_S doubling to RETRY_MAX_S, each distinct
-failure logged once; every RESYNC_S it syncs again, so a slice deleted behind its back comes back.
+`publish(devices, gpus, counter_sets)` hands it the wanted devices (and dynamic MIG's counter sets); the
+worker waits DEBOUNCE_S for more (a reload and the health changes around it come together), then syncs
+(dra/sync.py) and tells `on_published` the GPUs the API server now holds (the handover waits for that
+before a GPU goes back to the device plugin). A failed sync is retried with backoff, RETRY_MIN_S doubling
+to RETRY_MAX_S, each distinct failure logged once; every RESYNC_S it syncs again, so a slice deleted
+behind its back comes back.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Protocol
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.attributes import Json
-from nvidia_device_plugin.dra.slices import chunk_devices
-from nvidia_device_plugin.dra.sync import plan_sync
+from nvidia_device_plugin.dra.slices import slice_contents
+from nvidia_device_plugin.dra.sync import plan_contents_sync
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class SlicePublisher(Worker):
         self._on_published = on_published
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._wanted: tuple[list[Json], frozenset[str]] | None = None
+        self._wanted: tuple[list[Json], frozenset[str], list[Json]] | None = None
         self._version = 0  # bumped by every publish()
         self._node_uid: str | None = None
         self._failures = FailureLog(log)
@@ -63,9 +64,11 @@ class SlicePublisher(Worker):
         with self._lock:
             return None if self._published is None else self._published | self._maybe
 
-    def publish(self, devices: Sequence[Json], gpus: frozenset[str]) -> None:
+    def publish(
+        self, devices: Sequence[Json], gpus: frozenset[str], counter_sets: Sequence[Json] = ()
+    ) -> None:
         with self._lock:
-            self._wanted = (list(devices), gpus)
+            self._wanted = (list(devices), gpus, list(counter_sets))
             self._version += 1
         self._wake.set()
 
@@ -96,13 +99,14 @@ class SlicePublisher(Worker):
                 next_try, delay = time.monotonic() + delay, min(delay * 2, RETRY_MAX_S)
                 synced_version = -1 if version == synced_version else synced_version
 
-    def _sync(self, devices: list[Json], gpus: frozenset[str]) -> bool:
+    def _sync(self, devices: list[Json], gpus: frozenset[str], counter_sets: list[Json]) -> bool:
         with self._lock:
             self._maybe |= gpus  # from the first call on, the API server may hold them
         try:
             if self._node_uid is None:
                 self._node_uid = self._api.node_uid(self._node)
-            plan = plan_sync(self._api.list(self._node), chunk_devices(devices), self._node, self._node_uid)
+            contents = slice_contents(devices, counter_sets)
+            plan = plan_contents_sync(self._api.list(self._node), contents, self._node, self._node_uid)
             for obj in plan.updates:
                 self._api.update(obj)
             for obj in plan.creates:

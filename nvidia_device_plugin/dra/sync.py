@@ -2,8 +2,8 @@
 (k8s.io/dynamic-resource-allocation/resourceslice), as a pure plan of API calls.
 
 * The pool's generation is the highest any existing slice has; slices of a lower one are obsolete.
-* An existing slice matches a wanted one when they hold the same device names (or when there is one of
-  each); an existing slice that matches none is obsolete.
+* An existing slice matches a wanted one when they hold the same device names (or the same counter sets,
+  or when there is one of each); an existing slice that matches none is obsolete.
 * The generation stays when at most one matched slice changes and none is new (one update is atomic);
   otherwise it goes up by one and every matched slice is rewritten with it, so consumers, who use only
   the highest generation, never see a pool half old and half new.
@@ -19,7 +19,7 @@ from typing import Any
 
 from nvidia_device_plugin.dra.attributes import Json
 from nvidia_device_plugin.dra.names import DRIVER_NAME
-from nvidia_device_plugin.dra.slices import API_VERSION, owner_reference, slice_spec
+from nvidia_device_plugin.dra.slices import API_VERSION, content_names, owner_reference, slice_spec
 
 
 @dataclass
@@ -38,24 +38,21 @@ def _generation(obj: Json) -> int:
     return int(obj["spec"]["pool"]["generation"])
 
 
-def _names(devices: Sequence[Json]) -> frozenset[str]:
-    return frozenset(str(d["name"]) for d in devices)
-
-
 def _same(stored: Json, wanted: Json) -> bool:
     """Whether a stored spec says what `wanted` says (fields the server added are not ours to compare)."""
     return all(stored.get(key) == value for key, value in wanted.items())
 
 
-def _match(current: list[Json], chunks: Sequence[list[Json]]) -> tuple[dict[int, Json], list[Json]]:
+def _match(current: list[Json], chunks: Sequence[Json]) -> tuple[dict[int, Json], list[Json]]:
     """Wanted slice index -> the existing slice it matches, and the existing slices matching none."""
     if len(current) == 1 and len(chunks) == 1:
         return {0: current[0]}, []
     matched: dict[int, Json] = {}
     unmatched = []
     for obj in current:
-        names = _names(obj["spec"].get("devices") or [])
-        index = next((i for i, c in enumerate(chunks) if i not in matched and _names(c) == names), None)
+        names = content_names(obj["spec"])
+        free = (i for i, c in enumerate(chunks) if i not in matched and content_names(c) == names)
+        index = next(free, None)
         if index is None:
             unmatched.append(obj)
         else:
@@ -64,7 +61,15 @@ def _match(current: list[Json], chunks: Sequence[list[Json]]) -> tuple[dict[int,
 
 
 def plan_sync(existing: Sequence[Json], chunks: Sequence[list[Json]], node: str, node_uid: str) -> SyncPlan:
-    """The calls that make `existing` (this node's slices of our driver) publish `chunks`."""
+    """The calls that make `existing` (this node's slices of our driver) publish `chunks` of devices."""
+    return plan_contents_sync(existing, [{"devices": chunk} for chunk in chunks], node, node_uid)
+
+
+def plan_contents_sync(
+    existing: Sequence[Json], chunks: Sequence[Json], node: str, node_uid: str
+) -> SyncPlan:
+    """The calls that make `existing` (this node's slices of our driver) publish `chunks`, what each slice
+    holds (dra/slices.py's `slice_contents`: devices, or counter sets)."""
     generation = max((_generation(s) for s in existing), default=0)
     obsolete = [s for s in existing if _generation(s) < generation]
     current = [s for s in existing if _generation(s) >= generation]

@@ -3,8 +3,9 @@
 As NVIDIA's DRA driver types its allocatable devices (`AllocatableDevice.Type()`: gpu, mig, ...) and
 dra-example-driver keeps one profile per kind, a kind says everything that differs between kinds: which of
 a GPU's devices it publishes and their names, their kind-specific attributes and capacity, the DeviceClass
-that selects them, and the physical device behind one (for its CDI spec). A new kind (a dynamic-MIG
-partition, a VFIO device) is one new module here and one entry in dra/names.py's `KINDS`.
+that selects them, and the physical device behind one (for its CDI spec). A new kind (a VFIO device) is
+one new module here and one entry in dra/names.py's `KINDS`; the dynamic-MIG partition (partition.py)
+takes the place of the GPU and static MIG kinds on the GPUs it applies to (dra/names.py's `kinds_of`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nvidia_device_plugin.devices import Gpu, MigDevice
+from nvidia_device_plugin.devices import Gpu, MigDevice, MigPlacementOption
 from nvidia_device_plugin.plans.resources import AdvertisedDevice
 
 Json = dict[str, Any]
@@ -26,6 +27,7 @@ class DraDevice:
     gpu: Gpu
     mig: MigDevice | None
     kind: DeviceKind
+    placement: MigPlacementOption | None = None  # a dynamic-MIG partition's placement (kinds/partition.py)
 
     @property
     def uuid(self) -> str:
