@@ -19,6 +19,7 @@ from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.kubelet.cdispec import remove_claim_spec
 from nvidia_device_plugin.dra.kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, read_boot_id
+from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing
 from nvidia_device_plugin.dra.kubelet.claims import ClaimSource
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, DraError, NodeDevices
 from nvidia_device_plugin.dra.kubelet.prepare import ClaimPreparer
@@ -72,6 +73,8 @@ class DraKubeletPlugin(Worker):
     * `checkpoint_path`: the JSON checkpoint of prepared claims (e.g. <plugins_dir>/<driver>/checkpoint.json).
     * `boot_id_path`: the boot ID that invalidates the checkpoint after a reboot
       (/proc/sys/kernel/random/boot_id).
+    * `sharing`: what sets up the sharing claims' opaque configs ask for (claim_sharing.ClaimSharing: time-
+      slices, per-claim MPS control daemons); None refuses such claims.
     * `driver_name`, `versions` (most preferred first), `check_interval_s`: defaults as kubelet expects.
 
     start() (from Worker) reads the boot ID and the checkpoint and binds both sockets before it returns;
@@ -92,6 +95,7 @@ class DraKubeletPlugin(Worker):
         driver_name: str = DRIVER_NAME,
         versions: Sequence[ApiVersion] = VERSIONS,
         check_interval_s: float = CHECK_INTERVAL_S,
+        sharing: ClaimSharing | None = None,
     ) -> None:
         super().__init__("dra-kubelet-plugin")
         self.driver_name = driver_name
@@ -104,6 +108,7 @@ class DraKubeletPlugin(Worker):
         self._checkpoint_path = checkpoint_path
         self._boot_id_path = boot_id_path
         self._check_interval_s = check_interval_s
+        self._sharing = sharing
         self._failures = FailureLog(log)
         self._state = RegistrationState(driver_name)
         self._preparer: ClaimPreparer | None = None
@@ -126,7 +131,9 @@ class DraKubeletPlugin(Worker):
                 checkpoint.save()
             except DraError as exc:  # said now; every prepare that cannot record its claim says it again
                 log.error("%s", exc)
-        preparer = ClaimPreparer(self.driver_name, self._claims, self._node, self._spec_dir, checkpoint)
+        preparer = ClaimPreparer(
+            self.driver_name, self._claims, self._node, self._spec_dir, checkpoint, self._sharing
+        )
         self._preparer = preparer
         self._endpoint_server = UnixServer(
             "dra",
@@ -172,6 +179,8 @@ class DraKubeletPlugin(Worker):
             for server in (self._registration_server, self._endpoint_server):
                 if server is not None:
                     server.stop()
+        if self._preparer is not None:
+            self._preparer.close()
         if self._registration_server is not None:
             log.info("DRA driver %s: stopped serving", self.driver_name)
 
