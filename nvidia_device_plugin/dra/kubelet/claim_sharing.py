@@ -62,9 +62,14 @@ def plan_sharing(
             raise ClaimError(f"{sharing.where}: {sharing.mode.name} cannot share MIG device {device.name}")
         before = asked.setdefault(device.gpu.uuid, (sharing, device.name))
         if before[0] != sharing:
+            who = (
+                f"device {device.name} is"
+                if before[1] == device.name
+                else f"devices {before[1]} and {device.name} (on GPU {device.gpu.uuid}) are"
+            )
             raise ClaimError(
-                f"devices {before[1]} and {device.name} are on one GPU ({device.gpu.uuid}) but configs ask "
-                f"{before[0].describe()} ({before[0].where}) and {sharing.describe()} ({sharing.where})"
+                f"{who} asked {before[0].describe()} ({before[0].where}) and {sharing.describe()} "
+                f"({sharing.where}); one GPU is shared one way"
             )
     mps = [uuid for uuid, (s, _) in asked.items() if s.mode.needs_control_daemon]
     if len(mps) > 1:
