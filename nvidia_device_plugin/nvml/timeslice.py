@@ -1,12 +1,13 @@
 """A GPU's compute time-slice: how long a CUDA context runs before the GPU switches to the next one.
 
 NVIDIA's DRA driver sets it for a claim whose config asks for `TimeSlicing` with an interval, through
-`nvidia-smi compute-policy -i <uuid> --set-timeslice=<n>` (0 Default, 1 Short, 2 Medium, 3 Long). NVML
+`nvidia-smi compute-policy -i <uuid> --set-timeslice <n>` (0 Default, 1 Short, 2 Medium, 3 Long). NVML
 publishes no function for this policy (nvidia-smi reaches it through the driver directly), so the seam is
-`TimeSliceControl`: `NvidiaSmiTimeSlice` runs nvidia-smi as NVIDIA does (bounded: a deadline and capped
-output), and the simulator's `SimulatedTimeSlice` (nvml/sim/timeslice.py) keeps the value per GPU and
-fails as a real node does (NOT_SUPPORTED on GPUs before Volta, NO_PERMISSION without CAP_SYS_ADMIN). Either
-raises NvmlError naming the GPU, the interval and the reason, with the NVML code of the failure.
+`TimeSliceControl`: `NvidiaSmiTimeSlice` runs nvidia-smi as NVIDIA does (bounded: a deadline, and the
+output children.py keeps), and the simulator's `SimulatedTimeSlice` (nvml/sim/timeslice.py) keeps the
+value per GPU and fails as a real node does (NOT_SUPPORTED on GPUs before Volta, NO_PERMISSION without
+CAP_SYS_ADMIN). Either raises NvmlError naming the GPU, the interval and the reason, with the NVML code
+of the failure.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
 INTERVALS: Final[dict[TimeSliceInterval, int]] = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 NVIDIA_SMI = "nvidia-smi"
 SET_TIMEOUT_S = 10.0  # one nvidia-smi call; kubelet gives a whole prepare 45 s
-MAX_OUTPUT_BYTES = 64 * 1024  # nvidia-smi says a line or two; more is cut
 
 
 class TimeSliceControl(Protocol):
@@ -49,9 +49,16 @@ class NvidiaSmiTimeSlice:
         self._env = dict(env or {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})
 
     def set_time_slice(self, gpu_uuid: str, interval: TimeSliceInterval) -> None:
-        argv = [self._nvidia_smi, "compute-policy", "-i", gpu_uuid, f"--set-timeslice={INTERVALS[interval]}"]
+        argv = [
+            self._nvidia_smi,
+            "compute-policy",
+            "-i",
+            gpu_uuid,
+            "--set-timeslice",
+            str(INTERVALS[interval]),
+        ]
         try:
-            outcome = children.run(argv, self._env, timeout_s=SET_TIMEOUT_S, max_output=MAX_OUTPUT_BYTES)
+            outcome = children.run(argv, self._env, timeout_s=SET_TIMEOUT_S)
         except OSError as exc:
             raise time_slice_error(
                 gpu_uuid, interval, f"cannot run {self._nvidia_smi}: {exc}", None
