@@ -289,6 +289,18 @@ def test_a_second_claim_next_to_an_mps_claim_is_refused(node: Node, kubelet: Dra
     assert not node.pipe(OTHER).exists()
 
 
+def test_a_plain_claim_and_an_mps_claim_never_share_a_gpu(node: Node, kubelet: DraKubeletStandIn) -> None:
+    put(node, UID, [])  # no config: the GPU held as it is
+    put(node, OTHER, [config(gpu_config({"strategy": "MPS"}))], name="other")
+    assert kubelet.prepare([CLAIM])[UID].error == ""
+    error = kubelet.prepare([OTHER_CLAIM])[OTHER].error
+    assert f"GPU {node.uuid('gpu-0')} is held, with no sharing set up, by claim default/gpu-claim" in error
+    assert "this claim asks mps; an MPS claim's GPU is its own" in error
+    assert kubelet.unprepare([CLAIM])[UID].error == ""
+    assert kubelet.prepare([OTHER_CLAIM])[OTHER].error == ""
+    assert "this claim asks no sharing; an MPS claim's GPU is its own" in kubelet.prepare([CLAIM])[UID].error
+
+
 def test_mps_across_gpus_is_refused(node: Node, kubelet: DraKubeletStandIn) -> None:
     put(node, UID, [config(gpu_config({"strategy": "MPS"}))], results=[("gpu", "gpu-0"), ("gpu", "gpu-1")])
     error = kubelet.prepare([CLAIM])[UID].error

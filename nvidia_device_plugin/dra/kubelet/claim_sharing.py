@@ -5,8 +5,8 @@ physical GPU the config touches, refusing (ClaimError) what cannot be done: two 
 different sharing, MPS on a MIG device (as the device plugin and NVIDIA refuse it: sharing_modes says which
 modes share MIG devices), and MPS across GPUs (this plugin runs one control daemon per GPU, and a container
 has one pipe directory). `refuse_conflicts` refuses a claim asking a GPU for sharing other than what a claim
-prepared there already set up: a different interval, or any other claim next to an MPS claim (its daemon is
-the claim's own).
+prepared there already set up (a different interval), and any two claims on one GPU when either is MPS (its
+control daemon holds the GPU).
 
 `ClaimSharing` carries it out. TimeSlicing on a whole GPU sets the GPU's time-slice (nvml/timeslice.py); on
 a MIG device there is nothing to set. MPS starts one control daemon per claim, with its own pipe and log
@@ -24,6 +24,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from nvidia_device_plugin.base.errors import NvmlError
@@ -94,23 +95,36 @@ def _prepared(gpu_uuid: str, sharing: DeviceSharing) -> PreparedSharing:
     return PreparedSharing(gpu_uuid, sharing.mode.name, None, sharing.mps.active_thread_percentage, limit)
 
 
+@dataclass(frozen=True)
+class GpuHolder:
+    """A claim prepared (or being prepared) here, as conflicts are judged: the GPUs it holds, its sharing."""
+
+    ref: ClaimRef
+    gpus: frozenset[str]  # physical GPU UUIDs of its devices
+    sharing: tuple[PreparedSharing, ...]
+
+
 def refuse_conflicts(
-    wanted: Sequence[PreparedSharing], others: Iterable[tuple[ClaimRef, PreparedSharing]]
+    gpus: Iterable[str], wanted: Sequence[PreparedSharing], others: Iterable[GpuHolder]
 ) -> None:
-    """ClaimError when another prepared claim set up different sharing (or any, next to MPS) on a GPU."""
-    by_gpu = {s.gpu_uuid: s for s in wanted}
-    for ref, theirs in others:
-        mine = by_gpu.get(theirs.gpu_uuid)
-        if mine is None:
-            continue
-        daemon = (
-            sharing_mode(mine.mode).needs_control_daemon or sharing_mode(theirs.mode).needs_control_daemon
-        )
-        if daemon or mine != theirs:
-            raise ClaimError(
-                f"GPU {mine.gpu_uuid} is shared as {_describe(theirs)} by {ref.label}; this claim asks "
-                f"{_describe(mine)}" + ("; an MPS claim's GPU is its own" if daemon else "")
-            )
+    """ClaimError when a GPU of `gpus` is held by another claim that set up different sharing on it, or
+    when either claim is MPS there: an MPS claim's GPU is its own (its daemon holds the GPU)."""
+    mine = {s.gpu_uuid: s for s in wanted}
+    for other in others:
+        theirs = {s.gpu_uuid: s for s in other.sharing}
+        for gpu in sorted(set(gpus) & (other.gpus | theirs.keys())):
+            asked, set_up = mine.get(gpu), theirs.get(gpu)
+            daemon = any(s is not None and sharing_mode(s.mode).needs_control_daemon for s in (asked, set_up))
+            if daemon or (asked is not None and set_up is not None and asked != set_up):
+                raise ClaimError(
+                    f"GPU {gpu} is {_held(set_up)} by {other.ref.label}; this claim asks "
+                    f"{_describe(asked) if asked else 'no sharing'}"
+                    + ("; an MPS claim's GPU is its own" if daemon else "")
+                )
+
+
+def _held(sharing: PreparedSharing | None) -> str:
+    return "held, with no sharing set up," if sharing is None else f"shared as {_describe(sharing)}"
 
 
 def _describe(sharing: PreparedSharing) -> str:

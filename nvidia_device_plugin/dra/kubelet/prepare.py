@@ -32,6 +32,7 @@ from nvidia_device_plugin.dra.kubelet.cdispec import (
 from nvidia_device_plugin.dra.kubelet.checkpoint import COMPLETED, STARTED, Checkpoint, Entry
 from nvidia_device_plugin.dra.kubelet.claim_sharing import (
     ClaimSharing,
+    GpuHolder,
     mps_edits,
     plan_sharing,
     refuse_conflicts,
@@ -147,7 +148,7 @@ class ClaimPreparer:
                 "control or MPS root); remove the config from the claim or its DeviceClass"
             )
         prepared = _prepared_devices(ref.uid, allocation.results)
-        self._record_started(Entry(ref, STARTED, prepared, sharing))
+        self._record_started(Entry(ref, STARTED, prepared, sharing), node)
         self._set_up(ref, sharing)
         if devices:
             extra = mps_edits(self._sharing.mps_root, ref.uid, sharing) if self._sharing else None
@@ -161,13 +162,17 @@ class ClaimPreparer:
         )
         return ClaimOutcome(prepared)
 
-    def _record_started(self, entry: Entry) -> None:
-        """Record `entry` (PrepareStarted) unless another claim set up different sharing on its GPUs: the
+    def _record_started(self, entry: Entry, node: NodeDevices) -> None:
+        """Record `entry` (PrepareStarted) unless it conflicts with the sharing of a claim on its GPUs: the
         check and the record are one step, so two claims prepared at once cannot both pass it."""
         uid = entry.ref.uid
+
+        def gpus(devices: Sequence[PreparedDevice]) -> frozenset[str]:
+            return frozenset(node.devices[d.device].gpu.uuid for d in devices if d.device in node.devices)
+
         with self._lock:
-            others = ((e.ref, s) for u, e in self._checkpoint if u != uid for s in e.sharing)
-            refuse_conflicts(entry.sharing, others)
+            others = (GpuHolder(e.ref, gpus(e.devices), e.sharing) for u, e in self._checkpoint if u != uid)
+            refuse_conflicts(gpus(entry.devices), entry.sharing, others)
             self._record(uid, entry)
 
     def _set_up(self, ref: ClaimRef, sharing: Sequence[PreparedSharing]) -> None:
