@@ -15,13 +15,14 @@ from typing import Any
 import pynvml
 import pytest
 
-from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing
-from nvidia_device_plugin.dra.kubelet.model import ClaimError
+from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing, plan_sharing
+from nvidia_device_plugin.dra.kubelet.claims import AllocationResult
+from nvidia_device_plugin.dra.kubelet.model import ClaimError, PreparedSharing
 from nvidia_device_plugin.dra.kubelet.opaque import opaque_configs
 from nvidia_device_plugin.dra.names import DRIVER_NAME
 from nvidia_device_plugin.nvml.sim.timeslice import SimulatedTimeSlice
 
-from support.dra_kubelet import DraKubeletStandIn, DraNode, dra_node, resource_claim
+from support.dra_kubelet import DraKubeletStandIn, DraNode, dra_node, resource_claim, simulated_node
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines
 
 UID = "0f3c6b1e-1111-4a5e-9d7e-000000000001"
@@ -396,3 +397,50 @@ def test_a_per_device_limit_naming_no_device_of_the_claim_is_refused(
     put(node, UID, [config(gpu_config(mps))])
     error = kubelet.prepare([CLAIM])[UID].error
     assert "defaultPerDevicePinnedMemoryLimit names 3, no MPS device of this claim" in error
+
+
+# ---- MIG devices (pure: plan_sharing on a simulated MIG node) -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mig_devices() -> Iterator[dict[str, Any]]:
+    session, devices = simulated_node("a100-mig-mixed")
+    try:
+        yield dict(devices.devices)
+    finally:
+        session.close()
+
+
+MIG = "gpu-0-mig-1g10gb-0-1"
+
+
+def plan(devices: dict[str, Any], configs: list[dict[str, Any]], device: str = MIG) -> tuple[Any, ...]:
+    results = [AllocationResult("mig", "pool", device, "mig")]
+    return plan_sharing(results, opaque_configs(configs, DRIVER_NAME), devices)
+
+
+def test_time_slicing_a_mig_device_records_its_gpu_and_sets_no_interval(mig_devices: dict[str, Any]) -> None:
+    sharing = plan(mig_devices, [config(gpu_config({"strategy": "TimeSlicing"}, kind="MigDeviceConfig"))])
+    assert sharing == (PreparedSharing(mig_devices[MIG].gpu.uuid, "time-slicing"),)
+
+
+def test_mps_on_a_mig_device_is_refused(mig_devices: dict[str, Any]) -> None:
+    with pytest.raises(ClaimError, match=f"MigDeviceConfig: mps cannot share MIG device {MIG}"):
+        plan(mig_devices, [config(gpu_config({"strategy": "MPS"}, kind="MigDeviceConfig"))])
+
+
+def test_a_config_naming_a_request_of_the_other_kind_of_device_is_refused(
+    mig_devices: dict[str, Any],
+) -> None:
+    with pytest.raises(
+        ClaimError, match=f"a GpuConfig names request 'mig', whose device {MIG} is a MIG device"
+    ):
+        plan(mig_devices, [config(gpu_config(), requests=["mig"])])
+    with pytest.raises(
+        ClaimError, match="a MigDeviceConfig names request 'mig', whose device gpu-1 is a whole"
+    ):
+        plan(mig_devices, [config(gpu_config(kind="MigDeviceConfig"), requests=["mig"])], device="gpu-1")
+
+
+def test_a_config_for_every_request_applies_only_to_devices_of_its_kind(mig_devices: dict[str, Any]) -> None:
+    assert plan(mig_devices, [config(gpu_config(time_slicing("Long")))]) == ()
