@@ -21,9 +21,11 @@ from nvidia_device_plugin.dra.kubelet.model import ClaimError, PreparedSharing
 from nvidia_device_plugin.dra.kubelet.opaque import opaque_configs
 from nvidia_device_plugin.dra.names import DRIVER_NAME
 from nvidia_device_plugin.nvml.sim.timeslice import SimulatedTimeSlice
+from nvidia_device_plugin.sharing.readiness import read_status
 
 from support.dra_kubelet import DraKubeletStandIn, DraNode, dra_node, resource_claim, simulated_node
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines
+from support.waiting import wait_for
 
 UID = "0f3c6b1e-1111-4a5e-9d7e-000000000001"
 OTHER = "0f3c6b1e-2222-4a5e-9d7e-000000000002"
@@ -75,16 +77,19 @@ class Node:
     def pipe(self, uid: str) -> Path:
         return self.mps_root / "claims" / uid / "pipe"
 
+    def daemon_pid(self, uid: str) -> int:
+        return int((self.pipe(uid) / "nvidia-cuda-mps-control.pid").read_text())
+
     def daemon_running(self, uid: str) -> bool:
-        pid_file = self.pipe(uid) / "nvidia-cuda-mps-control.pid"
-        if not pid_file.exists():
-            return False
-        pid = int(pid_file.read_text())
-        try:
-            state = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return False
-        return "\nState:\tZ" not in state
+        return (self.pipe(uid) / "nvidia-cuda-mps-control.pid").exists() and alive(self.daemon_pid(uid))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in state
 
 
 @pytest.fixture
@@ -238,6 +243,7 @@ def test_mps_starts_the_claims_control_daemon_before_answering_and_unprepare_qui
     assert kubelet.prepare([CLAIM])[UID].error == ""
     pipe = node.pipe(UID)
     assert node.daemon_running(UID)
+    pid = node.daemon_pid(UID)
     assert lines(pipe / "launches") == ["-d"]
     env = dict(line.split("=", 1) for line in lines(pipe / "daemon.env") if "=" in line)
     assert env["CUDA_VISIBLE_DEVICES"] == node.uuid("gpu-3")
@@ -259,8 +265,8 @@ def test_mps_starts_the_claims_control_daemon_before_answering_and_unprepare_qui
     assert mounts["/dev/shm"] == str(node.mps_root / "shm")
     assert node.time_slice.sets == []
     assert kubelet.unprepare([CLAIM])[UID].error == ""
-    assert lines(pipe / "commands")[-1] == "quit"
-    assert not node.daemon_running(UID)
+    assert not alive(pid)
+    assert not pipe.parent.exists()  # its directories go with it
 
 
 def test_a_restart_adopts_a_prepared_claims_daemon_instead_of_starting_a_second(
@@ -268,17 +274,31 @@ def test_a_restart_adopts_a_prepared_claims_daemon_instead_of_starting_a_second(
 ) -> None:
     put(node, UID, [config(gpu_config({"strategy": "MPS"}))])
     assert kubelet.prepare([CLAIM])[UID].error == ""
-    first = node.dra.started[0]
-    first.stop()  # a restart: the daemon keeps running for its clients
-    assert node.daemon_running(UID)
-    node.plugin()
-    again = kubelet.prepare([CLAIM])[UID]  # answered from the checkpoint, through the new plugin
-    assert again.error == ""
-    assert kubelet.unprepare([CLAIM])[UID].error == ""
     pipe = node.pipe(UID)
+    pid = node.daemon_pid(UID)
+    node.dra.started[0].stop()  # a restart: the daemon keeps running for its clients
+    assert node.daemon_running(UID)
+    (pipe.parent / "status.json").unlink()  # the successor says ready again once it has the daemon
+    node.plugin()
+    assert kubelet.prepare([CLAIM])[UID].error == ""  # answered from the checkpoint, through the new plugin
+    wait_for(lambda: read_status(str(pipe.parent / "status.json")).ready, "the daemon adopted")
+    assert read_status(str(pipe.parent / "status.json")).pid == pid
     assert lines(pipe / "launches") == ["-d"]  # never a second daemon
-    assert lines(pipe / "commands")[-1] == "quit"  # nor one left behind
-    assert not node.daemon_running(UID)
+    assert kubelet.unprepare([CLAIM])[UID].error == ""
+    assert not alive(pid) and not pipe.exists()  # nor one left behind
+
+
+def test_a_daemon_whose_checkpoint_entry_was_lost_is_quit_at_unprepare(
+    node: Node, kubelet: DraKubeletStandIn
+) -> None:
+    put(node, UID, [config(gpu_config({"strategy": "MPS"}))])
+    assert kubelet.prepare([CLAIM])[UID].error == ""
+    node.dra.started[0].stop()
+    node.dra.checkpoint.write_text("{not json")  # set aside at the next start: the claim is forgotten
+    node.plugin()
+    pid = node.daemon_pid(UID)
+    assert kubelet.unprepare([CLAIM])[UID].error == ""
+    assert not alive(pid) and not node.pipe(UID).exists()
 
 
 def test_a_second_claim_next_to_an_mps_claim_is_refused(node: Node, kubelet: DraKubeletStandIn) -> None:

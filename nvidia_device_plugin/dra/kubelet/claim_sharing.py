@@ -20,7 +20,9 @@ be ready before the claim is answered. The claim's CDI spec gets its client envi
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,9 +36,15 @@ from nvidia_device_plugin.dra.kubelet.model import ClaimError, ClaimRef, Prepare
 from nvidia_device_plugin.dra.kubelet.opaque import DeviceSharing, OpaqueConfig, sharing_of
 from nvidia_device_plugin.dra.names import DraDevice
 from nvidia_device_plugin.nvml.timeslice import TimeSliceControl, TimeSliceInterval
-from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps import CONTAINER_SHM_DIR, host_shm_dir
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor
+from nvidia_device_plugin.sharing.mps_processes import (
+    QuitTarget,
+    is_control_daemon,
+    quit_daemons,
+    running_pid,
+)
 from nvidia_device_plugin.sharing.readiness import STATUS_FILE
 
 log = logging.getLogger(__name__)
@@ -193,6 +201,8 @@ class ClaimSharing:
         check_interval_s: float = 1.0,
     ) -> None:
         self.mps_root = mps_root
+        self._control_path = control_path
+        self._base_env = dict(os.environ if base_env is None else base_env)
         self._time_slice = time_slice
         self._ready_timeout_s = ready_timeout_s
         self._supervisor = MpsDaemonSupervisor(
@@ -225,11 +235,37 @@ class ClaimSharing:
                 self._start_daemon(claim_uid, daemon_spec(self.mps_root, claim_uid, s))
 
     def release(self, claim_uid: str) -> None:
-        """Quit claim `claim_uid`'s control daemon, if it has one (within the supervisor's quit bound)."""
+        """Quit claim `claim_uid`'s control daemon, if it has one (within the supervisor's quit bound), and
+        remove its directories. A daemon no checkpoint entry knows (the checkpoint was set aside) is found
+        through its pid file and quit as well. ClaimError when it still runs: kubelet unprepares again."""
+        spec = daemon_spec(self.mps_root, claim_uid, PreparedSharing("", "mps"))
         with self._lock:
-            if self._wanted.pop(claim_uid, None) is None:
-                return
-            self._supervisor.update(list(self._wanted.values()))
+            if self._wanted.pop(claim_uid, None) is not None:
+                self._supervisor.update(list(self._wanted.values()))
+            elif (pid := running_pid(spec.pipe_dir)) is not None and is_control_daemon(
+                pid, self._control_path, spec.pipe_dir
+            ):
+                log.warning(
+                    "claim %s has a control daemon (pid %d) no checkpoint names; quitting it", claim_uid, pid
+                )
+                quit_daemons(
+                    [QuitTarget(spec, pid)],
+                    self._control_path,
+                    self._base_env,
+                    QUIT_TIMEOUT_S,
+                    threading.Event(),
+                )
+        if (pid := running_pid(spec.pipe_dir)) is not None:
+            raise ClaimError(
+                f"the MPS control daemon of claim {claim_uid} (pid {pid}) did not quit; will retry"
+            )
+        root = claim_mps_dir(self.mps_root, claim_uid)
+        try:
+            shutil.rmtree(root)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove the MPS directories %s of claim %s: %s", root, claim_uid, exc)
 
     def close(self) -> None:
         self._supervisor.stop()
