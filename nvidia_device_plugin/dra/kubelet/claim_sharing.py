@@ -14,7 +14,8 @@ directories under `<mps_root>/claims/<claim UID>/`, through the device plugin's 
 (sharing/mps_daemon.py: it adopts a daemon still running after a restart through the pid file in the pipe
 directory, so a restarted plugin neither starts a second daemon nor leaks the first), and waits for it to
 be ready before the claim is answered. The claim's CDI spec gets its client environment and mounts
-(`mps_edits`). Unprepare quits the daemon. Time-slices are not set back (nor does NVIDIA's driver).
+(`mps_edits`). Unprepare quits the daemon (one no checkpoint entry names, too, found by its pid file) and
+removes the claim's directories. Time-slices are not set back (nor does NVIDIA's driver).
 """
 
 from __future__ import annotations
