@@ -182,7 +182,10 @@ class ClaimPreparer:
         try:
             self._sharing.apply(ref.uid, sharing)
         except DraError:
-            self._sharing.release(ref.uid)
+            try:
+                self._sharing.release(ref.uid)
+            except DraError as exc:  # the first failure is the claim's error; this one is said here
+                log.warning("undoing the sharing of %s: %s", ref.label, exc)
             with self._lock:
                 self._checkpoint.pop(ref.uid)
                 self._checkpoint.save()
