@@ -17,7 +17,7 @@ import pytest
 
 from nvidia_device_plugin.dra.kubelet.cdispec import claim_spec_file
 from nvidia_device_plugin.dra.kubelet.checkpoint import STARTED, Checkpoint, Entry
-from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError
+from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError, PreparedSharing
 
 from support.dra_kubelet import DraKubeletStandIn, DraNode, dra_node, resource_claim
 
@@ -193,3 +193,32 @@ def test_claims_survive_a_killed_daemon_process(dra: DraNode) -> None:
             assert second.wait(30) == 0
     assert dra.api.claims.reads == [("default", "gpu-claim")]
     assert not (dra.spec_dir / claim_spec_file(UID)).exists()
+
+
+def test_what_a_claims_opaque_config_set_up_is_kept_and_a_checkpoint_from_before_it_still_loads(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    sharing = (
+        PreparedSharing("GPU-a", "time-slicing", "Long"),
+        PreparedSharing("GPU-b", "mps", None, 50, 10240),
+    )
+    Checkpoint(path, "boot", {UID: Entry(ClaimRef("default", "c", UID), STARTED, (), sharing)}).save()
+    loaded, _ = Checkpoint.load(path, "boot")
+    entry = loaded.get(UID)
+    assert entry is not None and entry.sharing == sharing
+    document = json.loads(path.read_text())
+    del document["claims"][UID]["sharing"]  # as written before opaque config was read
+    path.write_text(json.dumps(document))
+    loaded, _ = Checkpoint.load(path, "boot")
+    entry = loaded.get(UID)
+    assert entry is not None and entry.sharing == ()
+
+
+def test_a_checkpoint_naming_an_unknown_sharing_mode_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    shared = (PreparedSharing("GPU-a", "time-slicing", "Long"),)
+    Checkpoint(path, "boot", {UID: Entry(ClaimRef("default", "c", UID), STARTED, (), shared)}).save()
+    path.write_text(path.read_text().replace('"time-slicing"', '"spatial"'))
+    loaded, _ = Checkpoint.load(path, "boot")
+    assert loaded.get(UID) is None and path.with_name("checkpoint.json.corrupt").exists()

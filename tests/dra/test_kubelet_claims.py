@@ -30,8 +30,8 @@ def test_results_of_this_driver_with_subrequests_stripped() -> None:
         0, {"request": "nic", "driver": "nic.example.com", "pool": "p", "device": "eth0"}
     )
     assert results_of(claim) == (
-        AllocationResult("gpus", NODE, "gpu-0"),
-        AllocationResult("single", NODE, "gpu-1"),
+        AllocationResult("gpus", NODE, "gpu-0", "gpus/a100"),
+        AllocationResult("single", NODE, "gpu-1", "single"),
     )
 
 
@@ -62,7 +62,7 @@ def test_results_of_this_driver_with_subrequests_stripped() -> None:
             lambda c: c["status"]["allocation"]["devices"].update(
                 config=[{"opaque": {"driver": DRIVER_NAME}}]
             ),
-            "config[0] is opaque config for gpu.nvidia.com, which this plugin does not apply",
+            "config[0] (None): source must be FromClass or FromClaim",
         ),
     ],
 )

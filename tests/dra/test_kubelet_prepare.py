@@ -174,7 +174,7 @@ def test_a_device_this_node_does_not_have_is_refused_by_name(
     assert not (dra.spec_dir / claim_spec_file(UID)).exists()
 
 
-def test_opaque_config_for_this_driver_is_refused_and_another_drivers_is_not_ours(
+def test_invalid_opaque_config_for_this_driver_is_refused_and_another_drivers_is_not_ours(
     dra: DraNode, kubelet: DraKubeletStandIn
 ) -> None:
     theirs = {"source": "FromClaim", "opaque": {"driver": "nic.example.com", "parameters": {}}}
@@ -183,7 +183,10 @@ def test_opaque_config_for_this_driver_is_refused_and_another_drivers_is_not_our
     assert kubelet.prepare([CLAIM])[UID].error == ""
     dra.api.claims.put(resource_claim(OTHER, name="other", config=[theirs, ours]))
     error = kubelet.prepare([("default", "other", OTHER)])[OTHER].error
-    assert "status.allocation.devices.config[1] is opaque config for gpu.nvidia.com" in error
+    assert (
+        "status.allocation.devices.config[1] (FromClass): apiVersion None is not resource.nvidia.com/v1beta1"
+        in error
+    )
 
 
 @pytest.mark.parametrize(

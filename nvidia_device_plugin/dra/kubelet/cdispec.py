@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,8 +47,11 @@ def claim_spec_file(claim_uid: str) -> str:
     return f"{CLAIM_VENDOR}-{CLAIM_CLASS}_{claim_uid}.json"
 
 
-def claim_spec(claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices) -> CdiSpec:
-    """The spec defining `devices` (distinct, at least one) under claim `claim_uid`'s names.
+def claim_spec(
+    claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices, extra: Mapping[str, Any] | None = None
+) -> CdiSpec:
+    """The spec defining `devices` (distinct, at least one) under claim `claim_uid`'s names; `extra`
+    (containerEdits: `env`, `mounts`, e.g. an MPS client's) is added to the edits common to its devices.
 
     Raises ClaimError when the node lacks what the spec must name (driver files, device nodes).
     """
@@ -74,8 +77,11 @@ def claim_spec(claim_uid: str, devices: Sequence[DraDevice], node: NodeDevices) 
             for d in devices
         ],
     }
-    if common := gpu_spec.document.get("containerEdits"):
-        document["containerEdits"] = copy.deepcopy(common)
+    common = copy.deepcopy(gpu_spec.document.get("containerEdits") or {})
+    for key, values in (extra or {}).items():
+        common[key] = [*common.get(key, []), *copy.deepcopy(values)]
+    if common:
+        document["containerEdits"] = common
     document["cdiVersion"] = minimum_version(document)  # a UID may start with a digit: 0.5.0 at least
     return CdiSpec(file_name=claim_spec_file(claim_uid), kind=CLAIM_KIND, document=document)
 

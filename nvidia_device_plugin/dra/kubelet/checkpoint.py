@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from nvidia_device_plugin.base.atomicfile import replace_file
 from nvidia_device_plugin.base.boundedio import read_bytes
-from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError, PreparedDevice
+from nvidia_device_plugin.config.v1 import SHARING_MODES
+from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError, PreparedDevice, PreparedSharing
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class Entry:
     ref: ClaimRef
     state: State
     devices: tuple[PreparedDevice, ...] = ()
+    sharing: tuple[PreparedSharing, ...] = ()  # what its opaque config set up, per GPU
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
@@ -146,6 +148,16 @@ def _encode_entry(entry: Entry) -> dict[str, Any]:
             }
             for d in entry.devices
         ],
+        "sharing": [
+            {
+                "gpuUUID": s.gpu_uuid,
+                "mode": s.mode,
+                "interval": s.interval,
+                "activeThreadPercentage": s.active_thread_percentage,
+                "pinnedMemoryLimitMiB": s.pinned_memory_limit_mib,
+            }
+            for s in entry.sharing
+        ],
     }
 
 
@@ -172,10 +184,21 @@ def _decode(document: Any) -> tuple[str, dict[str, Entry]]:
                 )
                 for d in raw["devices"]
             )
+            sharing = tuple(map(_decode_sharing, raw.get("sharing", [])))  # absent before opaque config
         except (KeyError, TypeError) as exc:
             raise ValueError(f"claim {uid!r}: {exc!r}") from None
-        entries[uid] = Entry(ref, state, devices)
+        entries[uid] = Entry(ref, state, devices, sharing)
     return boot_id, entries
+
+
+def _decode_sharing(raw: Any) -> PreparedSharing:
+    mode = raw["mode"]
+    if mode not in SHARING_MODES:
+        raise TypeError(f"unknown sharing mode {mode!r}")
+    interval, percentage, limit = raw["interval"], raw["activeThreadPercentage"], raw["pinnedMemoryLimitMiB"]
+    if not all(v is None or isinstance(v, t) for v, t in ((interval, str), (percentage, int), (limit, int))):
+        raise TypeError("interval, activeThreadPercentage or pinnedMemoryLimitMiB of the wrong type")
+    return PreparedSharing(_text(raw["gpuUUID"]), mode, interval, percentage, limit)
 
 
 def _text(value: Any) -> str:

@@ -4,10 +4,10 @@ Kubelet sends only claim references; the allocation is in the claim's `status.al
 one GET per claim (`get` on `resourceclaims` is the only RBAC this needs). The request is bounded: a
 connect and a read timeout, and at most MAX_CLAIM_BYTES of body. `allocated_results` turns the answer
 into this driver's allocation results, refusing (ClaimError) a claim that was replaced (another UID under
-the same name: the pod's claim was deleted and made anew), one not allocated yet, and one carrying opaque
-driver config, which this plugin does not apply (a config silently ignored would be a silent
-degradation). A request's subrequest name (`r/a100`, from `firstAvailable`) is stripped to the request
-the containers name (`r`).
+the same name: the pod's claim was deleted and made anew), one not allocated yet, and one whose opaque
+config for this driver is not valid (dra/kubelet/opaque.py reads it; `allocation_of` returns it). A
+request's subrequest name (`r/a100`, from `firstAvailable`) is stripped to the request the containers name
+(`r`); the full name is kept for matching configs.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, ClaimRef
+from nvidia_device_plugin.dra.kubelet.opaque import OpaqueConfig, opaque_configs
 
 CONNECT_TIMEOUT_S = 5.0
 # Kubelet waits 45 s for the whole NodePrepareResources call; a claim read gets well under that.
@@ -44,6 +45,15 @@ class AllocationResult:
     request: str  # the request the containers name (a subrequest's "r/a100" as "r")
     pool: str
     device: str
+    subrequest: str = ""  # the request as allocated ("r/a100"), which a config's `requests` may name
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """This driver's part of a claim's status.allocation.devices: its results and its opaque configs."""
+
+    results: tuple[AllocationResult, ...]
+    configs: tuple[OpaqueConfig, ...]  # class configs first, then claim configs
 
 
 class ApiClaimSource:
@@ -107,6 +117,11 @@ def _describe(exc: ApiException) -> str:
 
 def allocated_results(ref: ClaimRef, claim: dict[str, Any], driver: str) -> tuple[AllocationResult, ...]:
     """This driver's allocation results of `claim`, which kubelet named `ref`; ClaimError when refused."""
+    return allocation_of(ref, claim, driver).results
+
+
+def allocation_of(ref: ClaimRef, claim: dict[str, Any], driver: str) -> Allocation:
+    """This driver's results and configs of `claim`, which kubelet named `ref`; ClaimError when refused."""
     uid = _field(claim, "metadata", "uid")
     if uid != ref.uid:
         raise ClaimError(
@@ -119,7 +134,10 @@ def allocated_results(ref: ClaimRef, claim: dict[str, Any], driver: str) -> tupl
     devices = allocation.get("devices") or {}
     if not isinstance(devices, dict):
         raise ClaimError(f"{ref.label}: status.allocation.devices is not an object")
-    _refuse_opaque_config(ref, devices.get("config") or [], driver)
+    try:
+        configs = opaque_configs(devices.get("config") or [], driver)
+    except ClaimError as exc:
+        raise ClaimError(f"{ref.label}: {exc}") from None
     results = devices.get("results") or []
     if not isinstance(results, list):
         raise ClaimError(f"{ref.label}: status.allocation.devices.results is not a list")
@@ -134,21 +152,8 @@ def allocated_results(ref: ClaimRef, claim: dict[str, Any], driver: str) -> tupl
             raise ClaimError(
                 f"{ref.label}: status.allocation.devices.results[{n}] lacks request, pool or device"
             )
-        ours.append(AllocationResult(request.split("/", 1)[0], pool, device))
-    return tuple(ours)
-
-
-def _refuse_opaque_config(ref: ClaimRef, configs: Any, driver: str) -> None:
-    if not isinstance(configs, list):
-        raise ClaimError(f"{ref.label}: status.allocation.devices.config is not a list")
-    for n, config in enumerate(configs):
-        opaque = config.get("opaque") if isinstance(config, dict) else None
-        if isinstance(opaque, dict) and opaque.get("driver") == driver:
-            raise ClaimError(
-                f"{ref.label}: status.allocation.devices.config[{n}] is opaque config for {driver}, which "
-                "this plugin does not apply (sharing comes from the DeviceClass); remove it from the "
-                "claim or its DeviceClass"
-            )
+        ours.append(AllocationResult(request.split("/", 1)[0], pool, device, request))
+    return Allocation(tuple(ours), configs)
 
 
 def _field(document: dict[str, Any], *path: str) -> Any:

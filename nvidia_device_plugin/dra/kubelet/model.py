@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.cdi.model import CdiSettings
+from nvidia_device_plugin.config.v1 import SharingMode
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.names import DraDevice
 from nvidia_device_plugin.nvml.host import HostPaths
@@ -75,3 +76,16 @@ class NodeDevices:
     inventory: Inventory
     host: HostPaths
     cdi: CdiSettings
+
+
+@dataclass(frozen=True)
+class PreparedSharing:
+    """What a prepare set up on one physical GPU for a claim's opaque config: kept in the checkpoint, so
+    another claim asking the GPU for different sharing is refused and a restart finds the claim's MPS
+    control daemon instead of starting a second one."""
+
+    gpu_uuid: str
+    mode: SharingMode  # "time-slicing" or "mps" (config/sharing_modes.py says what each means)
+    interval: str | None = None  # time-slicing of a whole GPU: Default, Short, Medium, Long
+    active_thread_percentage: int | None = None  # MPS: the client default, None: the daemon's own
+    pinned_memory_limit_mib: int | None = None  # MPS: the client default, None: none

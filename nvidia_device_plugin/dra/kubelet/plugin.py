@@ -19,6 +19,7 @@ from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.kubelet.cdispec import remove_claim_spec
 from nvidia_device_plugin.dra.kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, read_boot_id
+from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing
 from nvidia_device_plugin.dra.kubelet.claims import ClaimSource
 from nvidia_device_plugin.dra.kubelet.health_stream import MAX_STREAMS as MAX_HEALTH_STREAMS
 from nvidia_device_plugin.dra.kubelet.health_stream import RESEND_INTERVAL_S, HealthFeed, health_handlers
@@ -78,6 +79,8 @@ class DraKubeletPlugin(Worker):
     * `health_feed`: the devices' health for kubelet's health stream (health_stream.py; default a new one,
       `.health_feed`): the caller keeps it up to date; until its first update the stream sends nothing.
       `health_resend_interval_s`: how often an open stream repeats an unchanged state.
+    * `sharing`: what sets up the sharing claims' opaque configs ask for (claim_sharing.ClaimSharing: time-
+      slices, per-claim MPS control daemons); None refuses such claims.
     * `driver_name`, `versions` (most preferred first), `check_interval_s`: defaults as kubelet expects.
 
     start() (from Worker) reads the boot ID and the checkpoint and binds both sockets before it returns;
@@ -100,6 +103,7 @@ class DraKubeletPlugin(Worker):
         check_interval_s: float = CHECK_INTERVAL_S,
         health_feed: HealthFeed | None = None,
         health_resend_interval_s: float = RESEND_INTERVAL_S,
+        sharing: ClaimSharing | None = None,
     ) -> None:
         super().__init__("dra-kubelet-plugin")
         self.driver_name = driver_name
@@ -114,6 +118,7 @@ class DraKubeletPlugin(Worker):
         self._check_interval_s = check_interval_s
         self.health_feed = health_feed if health_feed is not None else HealthFeed()
         self._health_resend_interval_s = health_resend_interval_s
+        self._sharing = sharing
         self._failures = FailureLog(log)
         self._state = RegistrationState(driver_name)
         self._preparer: ClaimPreparer | None = None
@@ -136,7 +141,9 @@ class DraKubeletPlugin(Worker):
                 checkpoint.save()
             except DraError as exc:  # said now; every prepare that cannot record its claim says it again
                 log.error("%s", exc)
-        preparer = ClaimPreparer(self.driver_name, self._claims, self._node, self._spec_dir, checkpoint)
+        preparer = ClaimPreparer(
+            self.driver_name, self._claims, self._node, self._spec_dir, checkpoint, self._sharing
+        )
         self._preparer = preparer
         self._endpoint_server = UnixServer(
             "dra",
@@ -186,6 +193,8 @@ class DraKubeletPlugin(Worker):
             for server in (self._registration_server, self._endpoint_server):
                 if server is not None:
                     server.stop()
+        if self._preparer is not None:
+            self._preparer.close()
         if self._registration_server is not None:
             log.info("DRA driver %s: stopped serving", self.driver_name)
 

@@ -30,7 +30,14 @@ from nvidia_device_plugin.dra.kubelet.cdispec import (
     write_claim_spec,
 )
 from nvidia_device_plugin.dra.kubelet.checkpoint import COMPLETED, STARTED, Checkpoint, Entry
-from nvidia_device_plugin.dra.kubelet.claims import AllocationResult, ClaimSource, allocated_results
+from nvidia_device_plugin.dra.kubelet.claim_sharing import (
+    ClaimSharing,
+    GpuHolder,
+    mps_edits,
+    plan_sharing,
+    refuse_conflicts,
+)
+from nvidia_device_plugin.dra.kubelet.claims import AllocationResult, ClaimSource, allocation_of
 from nvidia_device_plugin.dra.kubelet.model import (
     ClaimError,
     ClaimOutcome,
@@ -38,6 +45,7 @@ from nvidia_device_plugin.dra.kubelet.model import (
     DraError,
     NodeDevices,
     PreparedDevice,
+    PreparedSharing,
 )
 from nvidia_device_plugin.dra.names import DraDevice
 
@@ -49,7 +57,8 @@ _MAX_REMEMBERED_FAILURES = 1024  # refusals kept for log-once; beyond that the l
 
 class ClaimPreparer:
     """Prepares claims for driver `driver` from `claims` (the API), `node` (the devices now) and the
-    checkpoint; specs go to `spec_dir`."""
+    checkpoint; specs go to `spec_dir`. `sharing` sets up what claims' opaque configs ask (time-slices, MPS
+    control daemons); without it, a claim whose config asks for sharing is refused."""
 
     def __init__(
         self,
@@ -58,15 +67,24 @@ class ClaimPreparer:
         node: Callable[[], NodeDevices | None],
         spec_dir: Path,
         checkpoint: Checkpoint,
+        sharing: ClaimSharing | None = None,
     ) -> None:
         self._driver = driver
         self._claims = claims
         self._node = node
         self._spec_dir = spec_dir
         self._checkpoint = checkpoint
-        self._lock = threading.Lock()  # the checkpoint and its file
+        self._lock = threading.RLock()  # the checkpoint and its file
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._failures = FailureLog(log)
+        self._sharing = sharing
+        if sharing is not None:  # the control daemons of claims prepared before a restart: adopted
+            sharing.resume((uid, entry.sharing) for uid, entry in checkpoint if entry.sharing)
+
+    def close(self) -> None:
+        """Stop supervising claims' control daemons (they keep running for a successor to adopt)."""
+        if self._sharing is not None:
+            self._sharing.close()
 
     # ---- the two calls ---------------------------------------------------------------------------
 
@@ -118,23 +136,65 @@ class ClaimPreparer:
             if not entry.devices or claim_spec_exists(self._spec_dir, ref.uid):
                 return ClaimOutcome(entry.devices)
             log.warning("the CDI spec of %s is gone; preparing it again", ref.label)
-        results = allocated_results(ref, self._claims.get(ref.namespace, ref.name), self._driver)
+        allocation = allocation_of(ref, self._claims.get(ref.namespace, ref.name), self._driver)
         node = self._node()
         if node is None:
             raise ClaimError("this node's devices are not known yet (no inventory has been served)")
-        devices = _devices_named(self._driver, results, node.devices)
-        prepared = _prepared_devices(ref.uid, results)
-        self._record(ref.uid, Entry(ref, STARTED, prepared))
+        devices = _devices_named(self._driver, allocation.results, node.devices)
+        sharing = plan_sharing(allocation.results, allocation.configs, node.devices)
+        if sharing and self._sharing is None:
+            raise ClaimError(
+                "its opaque config asks for sharing, which this plugin was started without (no time-slice "
+                "control or MPS root); remove the config from the claim or its DeviceClass"
+            )
+        prepared = _prepared_devices(ref.uid, allocation.results)
+        self._record_started(Entry(ref, STARTED, prepared, sharing), node)
+        self._set_up(ref, sharing)
         if devices:
-            write_claim_spec(self._spec_dir, claim_spec(ref.uid, devices, node))
-        self._record(ref.uid, Entry(ref, COMPLETED, prepared))
+            extra = mps_edits(self._sharing.mps_root, ref.uid, sharing) if self._sharing else None
+            write_claim_spec(self._spec_dir, claim_spec(ref.uid, devices, node, extra))
+        self._record(ref.uid, Entry(ref, COMPLETED, prepared, sharing))
         log.info(
-            "prepared %s: %s", ref.label, ", ".join(d.device for d in prepared) or "no device of this driver"
+            "prepared %s: %s%s",
+            ref.label,
+            ", ".join(d.device for d in prepared) or "no device of this driver",
+            "".join(f"; GPU {s.gpu_uuid} shared as {s.mode}" for s in sharing),
         )
         return ClaimOutcome(prepared)
 
+    def _record_started(self, entry: Entry, node: NodeDevices) -> None:
+        """Record `entry` (PrepareStarted) unless it conflicts with the sharing of a claim on its GPUs: the
+        check and the record are one step, so two claims prepared at once cannot both pass it."""
+        uid = entry.ref.uid
+
+        def gpus(devices: Sequence[PreparedDevice]) -> frozenset[str]:
+            return frozenset(node.devices[d.device].gpu.uuid for d in devices if d.device in node.devices)
+
+        with self._lock:
+            others = (GpuHolder(e.ref, gpus(e.devices), e.sharing) for u, e in self._checkpoint if u != uid)
+            refuse_conflicts(gpus(entry.devices), entry.sharing, others)
+            self._record(uid, entry)
+
+    def _set_up(self, ref: ClaimRef, sharing: Sequence[PreparedSharing]) -> None:
+        """Carry out `sharing`; when that fails, undo it and forget the claim (kubelet prepares it again)."""
+        if not sharing or self._sharing is None:
+            return
+        try:
+            self._sharing.apply(ref.uid, sharing)
+        except DraError:
+            try:
+                self._sharing.release(ref.uid)
+            except DraError as exc:  # the first failure is the claim's error; this one is said here
+                log.warning("undoing the sharing of %s: %s", ref.label, exc)
+            with self._lock:
+                self._checkpoint.pop(ref.uid)
+                self._checkpoint.save()
+            raise
+
     def _unprepare(self, ref: ClaimRef) -> None:
         removed = remove_claim_spec(self._spec_dir, ref.uid)
+        if self._sharing is not None:
+            self._sharing.release(ref.uid)  # its control daemon, if it has one
         with self._lock:
             entry = self._checkpoint.pop(ref.uid)
             if entry is not None:
@@ -150,7 +210,7 @@ class ClaimPreparer:
 
     def _record(self, uid: str, entry: Entry) -> None:
         """Put `entry` into the checkpoint and save it; on failure the checkpoint is as it was."""
-        with self._lock:
+        with self._lock:  # re-entrant: _record_started holds it
             before = self._checkpoint.get(uid)
             self._checkpoint.put(uid, entry)
             try:
