@@ -8,6 +8,7 @@ import ctypes
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -212,3 +213,27 @@ def test_gpu_instances_are_listed_and_one_with_its_compute_instance_is_in_use() 
         sim.nvmlComputeInstanceDestroy(ci)
         sim.nvmlGpuInstanceDestroy(gi)
         assert sim.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 14) == 3
+
+
+class _GarbageCount(SimulatedNvml):
+    """A driver answering an absurd placement count: discovery must not size an array by it."""
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: object, profileId: int, placementsRef: object, countRef: object
+    ) -> int:
+        count: Any = countRef  # ctypes.byref(c_uint())
+        count._obj.value = 1_000_000
+        return 0
+
+
+def test_a_placement_count_past_the_bound_is_a_problem_not_an_allocation(tmp_path: Path) -> None:
+    sim = _GarbageCount(
+        parse_node({"gpus": [{"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "mig": []}]}, "n")
+    )
+    sim.nvmlInit()
+    try:
+        inventory = discover(sim, tmp_path)
+    finally:
+        sim.close()
+    assert inventory.gpus[0].mig_placements == () and not inventory.gpus[0].lost
+    assert any("1000000 placements" in p.message and "more than 32" in p.message for p in inventory.problems)
