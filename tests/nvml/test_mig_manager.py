@@ -132,15 +132,18 @@ def test_a_failed_compute_instance_leaves_no_gpu_instance_behind(sim: SimulatedN
     assert MigManager(sim).create(0, THREE_G, 4).gi_id > 0  # the placement is free again
 
 
-def test_a_hung_create_is_bounded_by_the_call_deadline_and_holds_up_no_other_gpu() -> None:
+@pytest.mark.parametrize(
+    "call", ["nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceCreateComputeInstance"]
+)
+def test_a_hung_create_is_bounded_by_the_call_deadline_and_holds_up_no_other_gpu(call: str) -> None:
     session = open_nvml("a100-mig-dynamic", call_timeout_s=1.0)
     sim = session.simulator
     assert sim is not None
     try:
         manager = MigManager(session.nv)
-        sim.hang("nvmlDeviceCreateGpuInstanceWithPlacement", 0)
+        sim.hang(call, 0)  # a GPU-instance handle's call hangs on its GPU, as a device handle's does
         failed = _refused(NvmlErrorKind.STUCK, lambda: manager.create(0, ONE_G, 0))
-        assert "nvmlDeviceCreateGpuInstanceWithPlacement" in str(failed)
+        assert call in str(failed)
         assert manager.create(1, ONE_G, 0).uuid.startswith("MIG-")
     finally:
         sim.release()
