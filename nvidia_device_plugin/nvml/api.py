@@ -18,6 +18,7 @@ from typing import NewType, Protocol
 DeviceHandle = NewType("DeviceHandle", object)  # pynvml.c_nvmlDevice_t: a GPU or a MIG device
 EventSetHandle = NewType("EventSetHandle", object)  # pynvml.c_nvmlEventSet_t
 GpuInstanceHandle = NewType("GpuInstanceHandle", object)  # pynvml.c_nvmlGpuInstance_t
+ComputeInstanceHandle = NewType("ComputeInstanceHandle", object)  # pynvml.c_nvmlComputeInstance_t
 
 
 class MemoryInfo(Protocol):
@@ -68,7 +69,30 @@ class GpuInstanceProfileInfo(Protocol):
 
     id: int
     sliceCount: int
+    instanceCount: int
+    multiprocessorCount: int
+    copyEngineCount: int
+    decoderCount: int
+    encoderCount: int
+    jpegCount: int
+    ofaCount: int
     memorySizeMB: int
+
+
+class ComputeInstanceProfileInfo(Protocol):
+    """pynvml.c_nvmlComputeInstanceProfileInfo_v2_t: one compute-instance profile of a GPU instance."""
+
+    id: int
+    sliceCount: int
+    instanceCount: int
+    multiprocessorCount: int
+
+
+class ComputeInstanceInfo(Protocol):
+    """pynvml.c_nvmlComputeInstanceInfo_t: a compute instance; `id` is its compute instance ID."""
+
+    id: int
+    profileId: int
 
 
 class FieldValue(Protocol):
@@ -155,6 +179,31 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, device: DeviceHandle, profile: int, version: int = 2
     ) -> GpuInstanceProfileInfo: ...
+
+    # ---- MIG management (nvml/mig_manager.py). `profileId` is a profile info's `id`. The *Ref arguments
+    # are what the C API writes through: a ctypes array (None: only count) and ctypes.byref(c_uint()).
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, device: DeviceHandle, profileId: int) -> int: ...
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: DeviceHandle, profileId: int, placementsRef: object, countRef: object
+    ) -> int: ...
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, device: DeviceHandle, profileId: int, placement: object
+    ) -> GpuInstanceHandle: ...
+    def nvmlGpuInstanceDestroy(self, gpuInstance: GpuInstanceHandle) -> int: ...
+    def nvmlDeviceGetGpuInstances(
+        self, device: DeviceHandle, profileId: int, gpuInstancesRef: object, countRef: object
+    ) -> int: ...
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device: GpuInstanceHandle, profile: int, engProfile: int, version: int = 2
+    ) -> ComputeInstanceProfileInfo: ...
+    def nvmlGpuInstanceCreateComputeInstance(
+        self, gpuInstance: GpuInstanceHandle, profileId: int
+    ) -> ComputeInstanceHandle: ...
+    def nvmlComputeInstanceDestroy(self, computeInstance: ComputeInstanceHandle) -> int: ...
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gpuInstance: GpuInstanceHandle, profileId: int, computeInstancesRef: object, countRef: object
+    ) -> int: ...
+    def nvmlComputeInstanceGetInfo(self, computeInstance: ComputeInstanceHandle) -> ComputeInstanceInfo: ...
 
     # ---- topology
     def nvmlDeviceGetNvLinkState(self, device: DeviceHandle, link: int) -> int: ...

@@ -26,6 +26,7 @@ from nvidia_device_plugin.nvml.errors import (
 )
 from nvidia_device_plugin.nvml.fabric import read_fabric
 from nvidia_device_plugin.nvml.mig_discovery import read_mig_devices
+from nvidia_device_plugin.nvml.mig_placements import read_mig_placements
 from nvidia_device_plugin.nvml.mig_profiles import CapsMinors, read_mig_minors
 from nvidia_device_plugin.nvml.pci import (
     bus_id_text,
@@ -165,12 +166,20 @@ def _gpu(reader: Reader, index: int, handle: DeviceHandle, host: _Host, progress
             reader, index, handle, host, replace(gpu, mig_capable=mig_capable)
         )
         migs = read_mig_devices(reader, handle, gpu, host.proc_root, host.caps) if mig_enabled else ()
+        placements, memory_slices = read_mig_placements(reader, handle, gpu) if mig_enabled else ((), 0)
     except GpuLost as lost:
         if lost.stuck:
             raise  # stuck: _read_gpu serves what `progress` holds
         reader.note_lost(index, uuid, lost.call)
         return gpu
-    return replace(gpu, mig_enabled=mig_enabled, mig_devices=migs, lost=False)
+    return replace(
+        gpu,
+        mig_enabled=mig_enabled,
+        mig_devices=migs,
+        mig_placements=placements,
+        mig_memory_slices=memory_slices,
+        lost=False,
+    )
 
 
 def _with_platform_facts(reader: Reader, index: int, handle: DeviceHandle, host: _Host, gpu: Gpu) -> Gpu:

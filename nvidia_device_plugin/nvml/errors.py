@@ -26,6 +26,8 @@ class NvmlErrorKind(enum.Enum):
     CALL_MISSING = "call missing"  # the driver is too old to have this call
     NO_PERMISSION = "no permission"  # in a container: not privileged, or without a capability
     TIMEOUT = "timeout"  # an event wait ended with nothing to read
+    IN_USE = "in use"  # a MIG instance a process holds, or a GPU instance that still has compute instances
+    INSUFFICIENT_RESOURCES = "insufficient resources"  # the MIG slices a new instance needs are taken
     STUCK = "stuck"  # the call did not return within its deadline (nvml/bounded.py): served as lost
     NO_DRIVER = "no driver"  # no driver library or kernel module: nothing can be served
     UNINITIALIZED = "uninitialized"  # NVML was not initialised (a bug of ours)
@@ -65,6 +67,15 @@ _CODES: dict[int, tuple[NvmlErrorKind, str | None]] = {
     pynvml.NVML_ERROR_NOT_SUPPORTED: (NvmlErrorKind.NOT_SUPPORTED, None),
     pynvml.NVML_ERROR_INVALID_ARGUMENT: (NvmlErrorKind.INVALID_ARGUMENT, None),
     pynvml.NVML_ERROR_TIMEOUT: (NvmlErrorKind.TIMEOUT, None),
+    pynvml.NVML_ERROR_IN_USE: (
+        NvmlErrorKind.IN_USE,
+        "the MIG instance is in use (a process holds it, or its GPU instance still has compute instances)",
+    ),
+    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: (
+        NvmlErrorKind.INSUFFICIENT_RESOURCES,
+        "not enough free MIG slices: another instance holds the memory slices of that placement, or the "
+        "profile's instance count is reached",
+    ),
     NVML_CALL_STUCK: (NvmlErrorKind.STUCK, None),
     NVML_SHUTTING_DOWN: (NvmlErrorKind.SHUTTING_DOWN, None),
 }

@@ -22,7 +22,15 @@ from support.waiting import eventually
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 EXAMPLES = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 # The only runs that advertise nothing: MIG single on nodes whose MIG layout breaks it (each GPU named).
-NOTHING_ADVERTISED = {("b200", "mig-single.yaml"), ("h100-nvl", "mig-single.yaml")}
+# (node, config) -> the MIG strategy every GPU breaks there. a100-mig-dynamic's GPUs are in MIG mode without
+# MIG devices (dynamic MIG makes them): neither MIG strategy has anything to advertise.
+NOTHING_ADVERTISED = {
+    ("b200", "mig-single.yaml"): "single",
+    ("h100-nvl", "mig-single.yaml"): "single",
+    ("a100-mig-dynamic", "mig-mixed.yaml"): "mixed",
+    ("a100-mig-dynamic", "mig-single.yaml"): "single",
+    ("a100-mig-dynamic", "per-model-renames.yaml"): "mixed",
+}
 
 
 def demo(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -48,8 +56,8 @@ def demo_processes(output: str) -> list[str]:
     return found
 
 
-def test_there_are_twelve_presets_and_six_example_configs() -> None:
-    assert (len(preset_names()), len(EXAMPLES)) == (12, 6)
+def test_there_are_thirteen_presets_and_six_example_configs() -> None:
+    assert (len(preset_names()), len(EXAMPLES)) == (13, 6)
 
 
 @pytest.mark.parametrize("config", EXAMPLES)
@@ -61,7 +69,8 @@ def test_every_preset_with_every_example_config_ends_clearly(
     assert rc == 0, output
     assert output.startswith(f"Simulated node '{node}': ")
     if (node, config) in NOTHING_ADVERTISED:
-        assert "No resources advertised: every GPU breaks flags.migStrategy=single" in output
+        strategy = NOTHING_ADVERTISED[(node, config)]
+        assert f"No resources advertised: every GPU breaks flags.migStrategy={strategy}" in output
         return
     assert re.search(
         r"\nAdmitted a pod asking for nvidia\.com/[a-z0-9.-]+: [12]\n  preferred allocation: ", output

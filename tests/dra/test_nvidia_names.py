@@ -72,9 +72,9 @@ def test_static_mig_devices_carry_nvidias_names_and_capacities(preset: str) -> N
 
 def test_the_example_name_of_the_issue() -> None:
     names = [d["name"] for d in _migs(plan("a100-mig-mixed"))]
-    assert "gpu-0-mig-1g10gb-100-0" in names  # 1g.10gb, GI profile ID 100 (the simulator's), slice 0
+    assert "gpu-0-mig-1g10gb-19-0" in names  # 1g.10gb, GI profile ID 19 (NVIDIA's), slice 0
     h200 = [d["name"] for d in _migs(plan("h200-mig"))]
-    assert "gpu-1-mig-1g18gb-me-107-6" in h200  # "1g.18gb+me": '+' is no DNS label character
+    assert "gpu-1-mig-1g18gb-me-20-6" in h200  # "1g.18gb+me": '+' is no DNS label character
 
 
 @pytest.mark.parametrize("preset", MIG_PRESETS)

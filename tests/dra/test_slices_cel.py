@@ -122,9 +122,9 @@ def test_the_generated_classes_select_exactly_their_devices() -> None:
     migs = selected(_class_expression(mixed, "mig.nvidia.com"), devices)
     assert len(migs) == 13 and all("-mig-" in n for n in migs)
     assert selected(_class_expression(mixed, "mig-3g.40gb.nvidia.com"), devices) == [
-        "gpu-1-mig-3g40gb-102-4",
-        "gpu-2-mig-3g40gb-102-0",
-        "gpu-2-mig-3g40gb-102-4",
+        "gpu-1-mig-3g40gb-9-4",
+        "gpu-2-mig-3g40gb-9-0",
+        "gpu-2-mig-3g40gb-9-4",
     ]
     shared = plan(
         "dgx-a100",

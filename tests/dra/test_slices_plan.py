@@ -95,16 +95,16 @@ def test_whole_gpus_carry_nvidias_attributes_and_ours() -> None:
 def test_static_mig_devices_are_named_by_profile_and_placement_with_their_parents_attributes() -> None:
     result = plan("a100-mig-mixed", CONFIGS["mixed"])
     by_name = {d["name"]: d for d in devices(result)}
-    # GPU 1: 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb placed at 4, 0, 2, 3 (the simulator's IDs are profile + 100)
+    # GPU 1: 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb placed at 4, 0, 2, 3 (NVIDIA's profile IDs 9, 14, 19)
     assert [n for n in by_name if n.startswith("gpu-1-")] == [
-        "gpu-1-mig-3g40gb-102-4",
-        "gpu-1-mig-2g20gb-101-0",
-        "gpu-1-mig-1g10gb-100-2",
-        "gpu-1-mig-1g10gb-100-3",
+        "gpu-1-mig-3g40gb-9-4",
+        "gpu-1-mig-2g20gb-14-0",
+        "gpu-1-mig-1g10gb-19-2",
+        "gpu-1-mig-1g10gb-19-3",
     ]
-    mig = by_name["gpu-1-mig-3g40gb-102-4"]
+    mig = by_name["gpu-1-mig-3g40gb-9-4"]
     assert attribute(mig, "type") == "mig" and attribute(mig, "profile") == "3g.40gb"
-    assert attribute(mig, "parentUUID") == attribute(by_name["gpu-1-mig-1g10gb-100-2"], "parentUUID")
+    assert attribute(mig, "parentUUID") == attribute(by_name["gpu-1-mig-1g10gb-19-2"], "parentUUID")
     assert str(attribute(mig, "uuid")).startswith("MIG-")
     assert attribute(mig, "productName") == "NVIDIA A100-SXM4-80GB"
     assert attribute(mig, "resourceName") == "nvidia.com/mig-3g.40gb"

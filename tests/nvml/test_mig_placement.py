@@ -77,8 +77,8 @@ def test_discovery_reads_placements_and_profile_ids(tmp_path: Path) -> None:
     sim.nvmlInit()
     mig = discover(sim, tmp_path).gpus[0].mig_devices[0]
     sim.close()
-    # NVML's profile ID of the instance (the simulator offsets its IDs from the profile index by 100).
-    assert mig.gi_profile_info_id == pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE + 100
+    # NVML's profile ID of the instance: NVIDIA's, 9 for 3g.40gb on A100-80GB.
+    assert mig.gi_profile_info_id == 9
     assert mig.profile_id == pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE
 
 

@@ -41,9 +41,9 @@ def mig_instance_ids(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int]:
     """(GPU instance ID, compute instance ID) of a simulated MIG device.
 
     The driver's IDs are opaque; position-based GPU instance IDs with one compute instance each keep them
-    unique and inside the driver's range.
+    unique and inside the driver's range; an instance made at run time keeps the ID it was made with.
     """
-    return mig.slot + 1, 0
+    return (mig.slot + 1 if mig.gi_id is None else mig.gi_id), 0
 
 
 def gi_cap_minor(minor: int, gi: int) -> int:

@@ -15,15 +15,14 @@ from nvidia_device_plugin.nvml.api import (
     GpuInstanceProfileInfo,
 )
 from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
+from nvidia_device_plugin.nvml.sim.gi_profiles import GiProfile, profile_by_index, profile_template
 from nvidia_device_plugin.nvml.sim.host import mig_instance_ids
 from nvidia_device_plugin.nvml.sim.node import GpuSpec, MigSpec
 from nvidia_device_plugin.nvml.sim.placement import fit_placements, gpu_slices, memory_slices
 from nvidia_device_plugin.nvml.sim.state import (
-    _GPU_INSTANCE_BASE,
     _GPU_STRIDE,
     _MIG_STRIDE,
     SimulatorState,
-    _address,
     _nvml_error,
     pynvml_function,
 )
@@ -69,27 +68,25 @@ class MigQueries(SimulatorState):
             raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if self.node.unprivileged_container:
             raise _nvml_error(pynvml.NVML_ERROR_NO_PERMISSION)
-        if not any(mig_instance_ids(gpu, m)[0] == gpuInstanceId for m in gpu.mig):
+        if self._instance_of(gpu, gpuInstanceId) == (None, None):
             raise _nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        address = _GPU_INSTANCE_BASE + gpu.index * 0x100 + gpuInstanceId
+        address = self._gi_handle_address(gpu, gpuInstanceId)
         return GpuInstanceHandle(ctypes.cast(address, pynvml.c_nvmlGpuInstance_t))
 
     @pynvml_function
     def nvmlGpuInstanceGetInfo(self, gpuInstance: GpuInstanceHandle) -> GpuInstanceInfo:
-        offset = _address(gpuInstance) - _GPU_INSTANCE_BASE
-        gpu_index, gi = divmod(offset, 0x100)
-        if not 0 <= gpu_index < len(self.node.gpus):
-            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gpu = self.node.gpus[gpu_index]
-        with self._lock:
-            self._check_not_lost(gpu_index)
-        mig = next((m for m in gpu.mig if mig_instance_ids(gpu, m)[0] == gi), None)
-        if mig is None:
-            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu, gi = self._gpu_instance(gpuInstance)
+        mig, bare = self._instance_of(gpu, gi)
         info: Any = pynvml.c_nvmlGpuInstanceInfo_t()
         info.id = gi
-        info.profileId = self._profile_info_id(mig)
-        info.placement.start, info.placement.size = instance_placement(gpu, mig)
+        if mig is not None:
+            info.profileId = self._profile_info_id(gpu, mig)
+            info.placement.start, info.placement.size = instance_placement(gpu, mig)
+        elif bare is not None:
+            info.profileId = bare.profile.info_id
+            info.placement.start, info.placement.size = bare.start, bare.profile.memory_slices
+        else:
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         result: GpuInstanceInfo = info
         return result
 
@@ -100,13 +97,34 @@ class MigQueries(SimulatorState):
         gpu, mig = self._device(device)
         if mig or not gpu.mig_capable:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        known = profile_by_index(gpu, profile)
+        if known is not None:
+            return self._profile_info(gpu, known)
+        # Outside the tables (A30, -me/+gfx variants) the simulator describes the profiles the node file uses.
         used = next((m for m in gpu.mig if profile_id_for(m.gpu_slices, m.suffix) == profile), None)
-        if used is None:  # the simulator only describes the profiles the node file uses
+        if used is None:
             raise _nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info: Any = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
-        info.id = self._profile_info_id(used)
+        info.id = self._profile_info_id(gpu, used)
         info.sliceCount = used.gpu_slices
+        info.instanceCount = 1
         info.memorySizeMB = self._mig_memory_mb(gpu, used)
+        result: GpuInstanceProfileInfo = info
+        return result
+
+    def _profile_info(self, gpu: GpuSpec, profile: GiProfile) -> GpuInstanceProfileInfo:
+        """What NVML says of one profile of the table: what a MIG device of it reports as its attributes."""
+        like = profile_template(gpu, profile)
+        engines = _mig_engines(like)
+        info: Any = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id = profile.info_id
+        info.sliceCount = profile.gpu_slices
+        info.instanceCount = profile.instance_count
+        info.multiprocessorCount = sms_per_slice(gpu) * profile.gpu_slices
+        info.copyEngineCount, info.decoderCount, info.encoderCount = engines[0], engines[1], engines[2]
+        info.jpegCount, info.ofaCount = engines[3], engines[4]
+        info.memorySizeMB = self._mig_memory_mb(gpu, like)
+        info.name = f"MIG {like.profile}".encode()
         result: GpuInstanceProfileInfo = info
         return result
 
@@ -131,7 +149,7 @@ class MigQueries(SimulatorState):
         if mig:
             attrs.gpuInstanceSliceCount = mig.gpu_slices
             attrs.computeInstanceSliceCount = mig.compute_slices
-            attrs.multiprocessorCount = _sms_per_slice(gpu) * mig.compute_slices
+            attrs.multiprocessorCount = sms_per_slice(gpu) * mig.compute_slices
             attrs.memorySizeMB = self._mig_memory_mb(gpu, mig)
             engines = _mig_engines(mig)
             attrs.sharedCopyEngineCount = engines[0]
@@ -147,7 +165,7 @@ class MigQueries(SimulatorState):
         return attrs
 
 
-def _sms_per_slice(gpu: GpuSpec) -> int:
+def sms_per_slice(gpu: GpuSpec) -> int:
     """SMs of one compute slice: 14 on Ampere (A100: 98 SMs in 7 slices), 16 on Hopper and later."""
     major = gpu.compute_capability[0] if gpu.compute_capability else 8
     return 14 if major < 9 else 16
@@ -174,7 +192,10 @@ def _mig_engines(mig: MigSpec) -> tuple[int, int, int, int, int]:
 
 
 def instance_placement(gpu: GpuSpec, mig: MigSpec) -> tuple[int, int]:
-    """(start, size) of `mig`'s GPU instance, in its layout (node.py refused layouts no placement fits)."""
+    """(start, size) of `mig`'s GPU instance, in its layout (node.py refused layouts no placement fits), or
+    where it was made (or pinned when another instance was made or destroyed)."""
+    if mig.placement is not None:
+        return mig.placement
     memory_total, compute_total = gpu_slices(gpu.name)
     total_gb = -(-gpu.memory_mib // 1024)
     instances = [(m.gpu_slices, memory_slices(m.memory_gb, total_gb, memory_total)) for m in gpu.mig]

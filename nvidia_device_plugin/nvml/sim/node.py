@@ -88,6 +88,10 @@ class MigSpec:
     memory_gb: int
     slot: int = 0  # index for nvmlDeviceGetMigDeviceHandleByIndex (a null in the YAML list leaves a gap)
     suffix: str = ""  # "+me", "-me", "+gfx", "+me.all"
+    # Set for instances made at run time (nvml/sim/mig_management.py), and on every instance of a GPU once
+    # one was made or destroyed: the driver's GPU instance ID and (start, size) stay where they were made.
+    gi_id: int | None = None
+    placement: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ naming it, never a silent fall-through to the real library. Methods outside pynv
 set_lost, fail_next, interrupt_event_wait, materialize_host) are the simulation's controls (state.py).
 
 The functions live by job: devices.py (handles, identity, health counters, compute mode), mig.py,
-topology.py and event_sets.py; this class puts them together with the library calls.
+mig_management.py (making and destroying MIG instances), topology.py and event_sets.py; this class puts
+them together with the library calls.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import pynvml
 from nvidia_device_plugin.nvml.sim.devices import DeviceQueries
 from nvidia_device_plugin.nvml.sim.event_sets import EventQueries
 from nvidia_device_plugin.nvml.sim.mig import MigQueries
+from nvidia_device_plugin.nvml.sim.mig_management import MigManagement
 from nvidia_device_plugin.nvml.sim.state import pynvml_function
 from nvidia_device_plugin.nvml.sim.topology import TopologyQueries
 
 
-class SimulatedNvml(DeviceQueries, MigQueries, TopologyQueries, EventQueries):
+class SimulatedNvml(DeviceQueries, MigQueries, MigManagement, TopologyQueries, EventQueries):
     """pynvml, as seen on the simulated node."""
 
     def __getattr__(self, name: str) -> Any:

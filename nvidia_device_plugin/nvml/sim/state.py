@@ -7,7 +7,7 @@ the hang was set, or, without seconds, until `release`. Node files set hangs fro
 (`hangs:` in nvml/sim/node.py), the events feed at run time (nvml/sim/events.py). close() releases them.
 
 SimulatedNvml (nvml/sim/simulator.py) is this plus the pynvml functions, which live by job in devices.py,
-mig.py, topology.py and event_sets.py; each marks its functions with `pynvml_function`.
+mig.py, mig_management.py, topology.py and event_sets.py; each marks its functions with `pynvml_function`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from nvidia_device_plugin.nvml.api import (
 from nvidia_device_plugin.nvml.events import NOT_ATTRIBUTED
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
+from nvidia_device_plugin.nvml.sim.gi_profiles import PLACEHOLDER_ID_OFFSET, GiProfile, profile_of
 from nvidia_device_plugin.nvml.sim.host import materialize_host, mig_instance_ids
 from nvidia_device_plugin.nvml.sim.node import NVSWITCH_PCI_DOMAIN, GpuSpec, MigSpec, NodeSpec
 
@@ -40,6 +41,7 @@ _GPU_STRIDE = 0x10000
 _MIG_STRIDE = 0x100
 _EVENT_SET_BASE = 0x7F000000
 _GPU_INSTANCE_BASE = 0x40000000  # + GPU index * 0x100 + GPU instance ID
+_COMPUTE_INSTANCE_BASE = 0x50000000  # + GPU index * 0x1000 + GPU instance ID * 0x10 + compute instance ID
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,6 +68,16 @@ class _Hang:
     def block(self) -> None:
         timeout = None if self.until is None else max(self.until - time.monotonic(), 0.0)
         self.released.wait(timeout)
+
+
+@dataclass(frozen=True)
+class BareGpuInstance:
+    """A GPU instance made at run time that has no compute instance (yet): it holds its memory slices, but
+    no MIG device shows it (a MIG device is a compute instance)."""
+
+    gi_id: int
+    profile: GiProfile
+    start: int
 
 
 @dataclass
@@ -99,6 +111,11 @@ class SimulatorState:
         self._host_dir: tempfile.TemporaryDirectory[str] | None = None
         self._host: HostPaths | None = None
         self._hangs: dict[tuple[str, int | None], _Hang] = {}  # (function, GPU index or None: any)
+        # MIG management (nvml/sim/mig_management.py): GPU index -> GI ID -> a GPU instance without a
+        # compute instance; the MIG devices a process holds (their destroy answers IN_USE); how many made.
+        self._bare_gpu_instances: dict[int, dict[int, BareGpuInstance]] = {}
+        self._in_use: set[str] = set()
+        self._made = 0
         for spec in node.hangs:
             self.hang(spec.call, spec.gpu, spec.seconds)
 
@@ -152,6 +169,18 @@ class SimulatorState:
             hangs = [self._hangs.pop(k) for k in keys]
         for hang in hangs:
             hang.released.set()
+
+    def set_in_use(self, mig_uuid: str, in_use: bool = True) -> None:
+        """A process holds MIG device `mig_uuid` (or no longer does): destroying its compute instance
+        answers NVML_ERROR_IN_USE, as the driver does while a CUDA context lives on it."""
+        _, mig = self._resolve_target(mig_uuid)
+        if mig is None:
+            raise ValueError(f"{mig_uuid} is not a simulated MIG device")
+        with self._lock:
+            if in_use:
+                self._in_use.add(mig_uuid)
+            else:
+                self._in_use.discard(mig_uuid)
 
     def clear_failures(self) -> None:
         with self._lock:
@@ -213,6 +242,10 @@ class SimulatorState:
         """The GPU index a call is on: its handle's (a GPU's or a MIG device's), its index, its UUID."""
         if isinstance(first_arg, pynvml.c_nvmlDevice_t):
             return (ctypes.cast(first_arg, ctypes.c_void_p).value or 0) // _GPU_STRIDE - 1
+        if isinstance(first_arg, pynvml.c_nvmlGpuInstance_t):
+            return ((ctypes.cast(first_arg, ctypes.c_void_p).value or 0) - _GPU_INSTANCE_BASE) // 0x100
+        if isinstance(first_arg, pynvml.c_nvmlComputeInstance_t):
+            return ((ctypes.cast(first_arg, ctypes.c_void_p).value or 0) - _COMPUTE_INSTANCE_BASE) // 0x1000
         if name == "nvmlDeviceGetHandleByIndex" and isinstance(first_arg, int):
             return first_arg
         if name == "nvmlDeviceGetHandleByUUID" and isinstance(first_arg, str | bytes):
@@ -243,9 +276,33 @@ class SimulatorState:
             raise _nvml_error(code)
 
     @staticmethod
-    def _profile_info_id(mig: MigSpec) -> int:
-        # Real drivers give profile infos IDs of their own; an offset keeps tests from confusing the two.
-        return profile_id_for(mig.gpu_slices, mig.suffix) + 100
+    def _profile_info_id(gpu: GpuSpec, mig: MigSpec) -> int:
+        """NVIDIA's profile ID of `mig`'s GPU instance (nvml/sim/gi_profiles.py); outside its tables, the
+        profile index offset by PLACEHOLDER_ID_OFFSET (never one of NVIDIA's)."""
+        profile = profile_of(gpu, mig)
+        if profile is not None:
+            return profile.info_id
+        return profile_id_for(mig.gpu_slices, mig.suffix) + PLACEHOLDER_ID_OFFSET
+
+    @staticmethod
+    def _gi_handle_address(gpu: GpuSpec, gi_id: int) -> int:
+        return _GPU_INSTANCE_BASE + gpu.index * 0x100 + gi_id
+
+    def _gpu_instance(self, handle: object) -> tuple[GpuSpec, int]:
+        """The GPU and GPU instance ID a GPU-instance handle names (INVALID_ARGUMENT for garbage)."""
+        gpu_index, gi_id = divmod(_address(handle) - _GPU_INSTANCE_BASE, 0x100)
+        if not 0 <= gpu_index < len(self.node.gpus):
+            raise _nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        with self._lock:
+            self._check_not_lost(gpu_index)
+        return self.node.gpus[gpu_index], gi_id
+
+    def _instance_of(self, gpu: GpuSpec, gi_id: int) -> tuple[MigSpec | None, BareGpuInstance | None]:
+        """GPU instance `gi_id` of `gpu`: its MIG device, or the bare instance; (None, None): none such."""
+        mig = next((m for m in gpu.mig if mig_instance_ids(gpu, m)[0] == gi_id), None)
+        with self._lock:
+            bare = self._bare_gpu_instances.get(gpu.index, {}).get(gi_id)
+        return mig, bare
 
     def _check_not_lost(self, index: int) -> None:
         if index in self._lost:
