@@ -10,13 +10,11 @@ from dataclasses import replace
 
 import pytest
 from test_dynamic_mig_publish import (
-    A100_80GB,
     a100,
     allocate,
     check_counter_rules,
     counter_sets_of,
     devices_of,
-    placements,
     profile,
 )
 
@@ -27,7 +25,7 @@ from nvidia_device_plugin.dra.dryrun import dry_run
 from nvidia_device_plugin.dra.publisher import SlicePublisher
 from nvidia_device_plugin.dra.slices import node_counter_sets, node_devices
 from nvidia_device_plugin.nvml.session import open_nvml
-from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
+from nvidia_device_plugin.snapshot import build_snapshot
 
 from support.dra_rules import validate_objects
 from support.fake_apiserver import NODE, FakeResourceSliceApi
@@ -67,21 +65,11 @@ def test_the_publisher_puts_counter_sets_and_partitions_and_a_resync_keeps_them(
         publisher.stop()
 
 
-def _with_placements(snapshot: Snapshot) -> Snapshot:
-    """`snapshot` with NVIDIA's A100-80GB placement table on each GPU in MIG mode (the simulator does not
-    list placements yet)."""
-    gpus = tuple(
-        replace(g, mig_placements=placements(A100_80GB), mig_memory_slices=8) if g.mig_enabled else g
-        for g in snapshot.inventory.gpus
-    )
-    return replace(snapshot, inventory=replace(snapshot.inventory, gpus=gpus))
-
-
 def test_dra_plan_on_a_node_partitioned_by_hand_publishes_what_exists_and_nothing_over_it() -> None:
     text = "version: v1\nflags: {migStrategy: mixed}\ndra: {enabled: true, dynamicMig: true}\n"
     session = open_nvml("a100-mig-mixed")
     try:
-        snapshot = _with_placements(build_snapshot(session, parse_config_text(text)))
+        snapshot = build_snapshot(session, parse_config_text(text))  # placements as the simulator lists them
     finally:
         session.close()
     result = dry_run(snapshot, "gpu-node-1")
@@ -89,22 +77,20 @@ def test_dra_plan_on_a_node_partitioned_by_hand_publishes_what_exists_and_nothin
     check_counter_rules(result.slices)
     devices = devices_of(result.slices)
     gpu1 = sorted(name for name in devices if name.startswith("gpu-1-"))
-    # GPU 1: 3g.40gb at 4, 2g.20gb at 0, 1g.10gb at 2 and 3 cover all eight slices (the simulator's
-    # profile IDs are NVML's + 100, so they are published as they are, beside no placement).
+    # GPU 1: 3g.40gb at 4, 2g.20gb at 0, 1g.10gb at 2 and 3 cover all eight slices: the devices that exist,
+    # under NVIDIA's GI profile IDs, and no free placement beside them.
     assert gpu1 == [
-        "gpu-1-mig-1g10gb-100-2",
-        "gpu-1-mig-1g10gb-100-3",
-        "gpu-1-mig-2g20gb-101-0",
-        "gpu-1-mig-3g40gb-102-4",
+        "gpu-1-mig-1g10gb-19-2",
+        "gpu-1-mig-1g10gb-19-3",
+        "gpu-1-mig-2g20gb-14-0",
+        "gpu-1-mig-3g40gb-9-4",
     ]
     assert all("uuid" in devices[name]["attributes"] for name in gpu1)
-    assert devices["gpu-1-mig-3g40gb-102-4"]["attributes"]["resourceName"] == {
+    assert devices["gpu-1-mig-3g40gb-9-4"]["attributes"]["resourceName"] == {
         "string": "nvidia.com/mig-3g.40gb"
     }
     assert "gpu-3" in devices and "consumesCounters" not in devices["gpu-3"]  # not in MIG mode: whole
     assert "gpu-1-counter-set" in counter_sets_of(result.slices)
     assert allocate(result.slices, [profile("3g.40gb")] * 2) is not None  # GPU 0 and GPU 1 hold one each
-    for row in A100_80GB:  # GPU 1 has no free slice for any new placement
-        assert not [n for n in devices if n.startswith(f"gpu-1-mig-{row[0].replace('.', '')}-{row[1]}-")]
     off = dry_run(replace(snapshot, config=parse_config_text(text.replace("dynamicMig: true", ""))))
     assert counter_sets_of(off.slices) == {}
