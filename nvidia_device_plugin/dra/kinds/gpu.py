@@ -1,6 +1,8 @@
 """A whole GPU as a DRA device: `gpu-<minor>` (the minor of /dev/nvidia<minor>, which does not shift when
 another GPU drops, unlike the index), type=gpu, its UUID, a `memory` capacity; selected by the
-`gpu.nvidia.com` DeviceClass. A GPU in MIG mode is not one (it runs no CUDA work): its MIG devices are."""
+`gpu.nvidia.com` DeviceClass. A GPU in MIG mode is not one (it runs no CUDA work): its MIG devices are;
+but one in MIG mode without MIG devices is published whole (with dynamic MIG off), as the device plugin
+advertises it under migStrategy none: otherwise the node would publish nothing for it at all."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class WholeGpu:
         return DraDevice(gpu_device_name(gpu), gpu, None, self)
 
     def devices(self, gpu: Gpu) -> list[DraDevice]:
-        return [] if gpu.mig_enabled else [self.device(gpu)]
+        return [] if gpu.mig_enabled and gpu.mig_devices else [self.device(gpu)]
 
     def uuid(self, device: DraDevice) -> str:
         return device.gpu.uuid
