@@ -118,7 +118,6 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvidia_device_plugin.base.signals import serve_until_stopped
     from nvidia_device_plugin.cli.session import nvml_opener
     from nvidia_device_plugin.config.flags import config_source, load_from
-    from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
     from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
 
@@ -130,6 +129,9 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         load_config = partial(load_from, source, args, environ)
 
     def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
+        # Here: watchdog loads only when there is a config file to watch (start-up time and memory).
+        from nvidia_device_plugin.config.watch import ConfigWatcher
+
         return ConfigWatcher(source, on_change)
 
     open_session, simulator = nvml_opener(args.simulate, args.nvml_call_deadline)
