@@ -37,6 +37,13 @@ NODES = BENCH_DIR / "nodes"
 CONFIGS = BENCH_DIR / "configs"
 
 _KEPT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
+# The children's temporary files go to a memory filesystem unless the caller names a TMPDIR. A simulated
+# node writes its sysfs, procfs and /dev tree and a fake driver root there (nvml/sim/host.py: about 200
+# files and directories) before it serves: a stand-in for kernel filesystems that are in memory on a real
+# node, where the plugin writes none of it. On a disk-backed /tmp those writes took 90-120 ms of a start-up
+# of about 350 ms (several times that on a loaded machine), so the figure measured the disk, not the plugin.
+# Unix sockets stay under /tmp (short_tmp_dir).
+_MEMORY_TMPDIR = Path("/dev/shm")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -46,6 +53,8 @@ class BenchError(RuntimeError):
 
 def child_env() -> dict[str, str]:
     env = {k: os.environ[k] for k in _KEPT_ENV if k in os.environ}
+    if "TMPDIR" not in env and _MEMORY_TMPDIR.is_dir() and os.access(_MEMORY_TMPDIR, os.W_OK | os.X_OK):
+        env["TMPDIR"] = str(_MEMORY_TMPDIR)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -173,28 +173,35 @@ def reregistration(budget: Budget) -> list[Figure]:
     return figures
 
 
+_STARTUP_NODES = (
+    ("dgx-a100", None, "dgx-a100, 8 GPUs"),
+    ("a100-8x7-mig", "mig-1g-time-slicing-100", "5,600 MIG replicas"),
+)
+
+
 def startup(budget: Budget) -> list[Figure]:
-    """Process spawn -> every resource registered and listed; beside Python's and grpcio's own start-up."""
+    """Process spawn -> every resource registered and listed; beside Python's and grpcio's own start-up.
+
+    The reference and the daemons are spawned in turn (echo, each node, echo, ...), as the call scenarios
+    interleave their calls: taken in blocks, a change in the machine's load between the blocks moved the
+    ratio by 2x and more on a shared machine."""
     python_pass = [python_pass_seconds() * MS for _ in range(budget.spawns)]
     echo = []
+    samples: dict[str, list[float]] = {node: [] for node, _, _ in _STARTUP_NODES}
     for _ in range(budget.spawns):
         with echo_server() as server:
             echo.append(server.started_s * MS)
-    figures = [figure("startup.python", "python -c pass", "ms", python_pass)]
-    for node, config, label in (
-        ("dgx-a100", None, "dgx-a100, 8 GPUs"),
-        ("a100-8x7-mig", "mig-1g-time-slicing-100", "5,600 MIG replicas"),
-    ):
-        samples = []
-        for _ in range(budget.spawns):
+        for node, config, _ in _STARTUP_NODES:
             with daemon_process(node, config) as daemon:
-                samples.append((daemon.ready_at - daemon.spawned_at) * MS)
+                samples[node].append((daemon.ready_at - daemon.spawned_at) * MS)
+    figures = [figure("startup.python", "python -c pass", "ms", python_pass)]
+    for node, _, label in _STARTUP_NODES:
         figures.append(
             figure(
                 f"startup.{node}",
                 f"Start-up to registered, {label}",
                 "ms",
-                samples,
+                samples[node],
                 ("idle grpcio server start", echo),
                 median_within(STARTUP_WITHIN) if node == "dgx-a100" else None,
             )

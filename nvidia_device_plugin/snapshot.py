@@ -8,13 +8,14 @@ waits or watches; both daemons move from one snapshot to the next through daemon
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nvidia_device_plugin.cdi.model import CdiPlan
-from nvidia_device_plugin.cdi.spec import plan_cdi
-from nvidia_device_plugin.config.v1 import Config
+from nvidia_device_plugin.config.v1 import Config, any_cdi_enabled
 from nvidia_device_plugin.devices import DiscoveryProblem, Inventory
 from nvidia_device_plugin.nvml.discovery import discover
+from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plans.device_lists import check_device_list_sizes
 from nvidia_device_plugin.plans.mig_layout import MigLayoutViolation, mig_layout_violations
@@ -51,9 +52,21 @@ def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | N
     violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
     plans = build_resources(inventory, config, violations)
     check_device_list_sizes(plans)
-    cdi = plan_cdi(inventory, plans, config, session.host)
+    cdi = _plan_cdi(inventory, plans, config, session.host)
     allocation = AllocationSettings.from_config(config, session.host, cdi)  # names what the CDI specs define
     return Snapshot(config, inventory, plans, allocation, violations, cdi)
+
+
+def _plan_cdi(
+    inventory: Inventory, plans: Sequence[ResourcePlan], config: Config, host: HostPaths
+) -> CdiPlan | None:
+    """cdi.spec.plan_cdi, whose node scan (and its modules) loads only under a CDI strategy: most nodes run
+    without one, and importing it costs every start-up."""
+    if not any_cdi_enabled(config.flags.plugin.device_list_strategy):
+        return None
+    from nvidia_device_plugin.cdi.spec import plan_cdi
+
+    return plan_cdi(inventory, plans, config, host)
 
 
 def carry_over_lost(inventory: Inventory, previous: Inventory) -> Inventory:

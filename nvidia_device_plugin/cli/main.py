@@ -19,15 +19,18 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.base.logs import configure_logging
 from nvidia_device_plugin.cli import check_config, demo, dra, labels, mps_control, plan, run
-from nvidia_device_plugin.cli.common import Command, DefaultsHelpFormatter, preset_names
+from nvidia_device_plugin.cli.common import AddParser, Command, DefaultsHelpFormatter, preset_names
 from nvidia_device_plugin.cli.run import DEFAULT_PLUGIN_DIR
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 __all__ = ["COMMANDS", "DEFAULT_PLUGIN_DIR", "build_parser", "main"]
 
@@ -55,8 +58,31 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+# Each command's parser, in the order `--help` lists them.
+_ADD_PARSER: dict[str, Callable[[AddParser, Mapping[str, str]], None]] = {
+    "run": run.add_parser,
+    "mps-control-daemon": mps_control.add_parser,
+    "demo": demo.add_parser,
+    "plan": plan.add_parser,
+    "labels": labels.add_parser,
+    "check-config": lambda add, environ: check_config.add_parser(add),
+    "dra": dra.add_parser,
+}
+_HELP_OR_VERSION = frozenset(("-h", "--help", "--version"))
+
+
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = _program_parser(_Parser, environ, _ADD_PARSER)
+    _Parser.options = tuple(sorted({o for sub in _commands(parser).values() for o in _option_table(sub)}))
+    return parser
+
+
+def _program_parser(
+    parser_class: type[_Parser],
+    environ: Mapping[str, str],
+    commands: Mapping[str, Callable[[AddParser, Mapping[str, str]], None]],
+) -> argparse.ArgumentParser:
+    parser = parser_class(
         prog="nvidia-device-plugin",
         formatter_class=DefaultsHelpFormatter,
         description="Kubernetes device plugin for NVIDIA GPUs: whole GPUs, time-slicing, MPS and MIG.",
@@ -65,17 +91,44 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "command's flags and their defaults.",
     )
     parser.add_argument("--version", action="version", version=f"nvidia-device-plugin {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    add = functools.partial(commands.add_parser, formatter_class=DefaultsHelpFormatter)
-    run.add_parser(add, environ)
-    mps_control.add_parser(add, environ)
-    demo.add_parser(add, environ)
-    plan.add_parser(add, environ)
-    labels.add_parser(add, environ)
-    check_config.add_parser(add)
-    dra.add_parser(add, environ)
-    _Parser.options = tuple(sorted({o for sub in _commands(parser).values() for o in _option_table(sub)}))
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add = functools.partial(subparsers.add_parser, formatter_class=DefaultsHelpFormatter)
+    for add_parser in commands.values():
+        add_parser(add, environ)
     return parser
+
+
+class _NotForTheOneCommand(Exception):
+    """The command line needs the full parser: help, a usage error, or an exit."""
+
+
+class _OneCommandParser(_Parser):
+    """The parser of the one command named first. It prints nothing and never exits: whatever it would say
+    (help, version, a usage error) the full parser says instead, word for word."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        pass
+
+    def error(self, message: str) -> NoReturn:
+        raise _NotForTheOneCommand(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _NotForTheOneCommand(message or "")
+
+
+def parse_command_line(words: Sequence[str], environ: Mapping[str, str]) -> argparse.Namespace:
+    """`words` (argv without the program) parsed. When they start with a command, or are empty (run), only
+    that command's parser is built: the other six cost every start-up of the daemon about 8 ms of CPU, and
+    the program's epilog lists the simulator's presets. Anything else goes through the full parser."""
+    name = words[0] if words else "run"
+    if name in _ADD_PARSER and not _HELP_OR_VERSION.intersection(words):
+        parser = _program_parser(_OneCommandParser, environ, {name: _ADD_PARSER[name]})
+        try:
+            return parser.parse_args(list(words) or [name])
+        except _NotForTheOneCommand:
+            pass  # said below by the full parser, as every other usage error is
+    parser = build_parser(environ)
+    return parser.parse_args(with_command(list(words), parser))
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -134,8 +187,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     # read when grpc is first imported, which happens below, lazily, after this.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     env = dict(os.environ if environ is None else environ)
-    parser = build_parser(env)
-    args = parser.parse_args(with_command(list(sys.argv[1:] if argv is None else argv), parser))
+    args = parse_command_line(list(sys.argv[1:] if argv is None else argv), env)
     handler: Command = args.handler
     if args.command == "check-config":
         return handler(args, env)  # prints its own verdict: no log configuration, no NVML

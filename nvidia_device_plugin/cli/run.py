@@ -18,9 +18,11 @@ from nvidia_device_plugin.cli.labels import add_labels_file_arguments, labels_op
 from nvidia_device_plugin.nvml.deadlines import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S, MIN_CALL_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from nvidia_device_plugin.base.workers import Worker
     from nvidia_device_plugin.config.source import ConfigSource
     from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
+    from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
 
 log = logging.getLogger("nvidia_device_plugin")
 
@@ -114,13 +116,20 @@ def _node_label_follower(args: argparse.Namespace, source: ConfigSource) -> Node
     )
 
 
+def _simulated_events(args: argparse.Namespace, simulator: SimulatedNvml | None) -> Worker | None:
+    """The --simulate-events feeder, imported here: most runs (every real node) have none."""
+    if simulator is None or not args.simulate_events:
+        return None
+    from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
+
+    return SimulatedEventFeeder(Path(args.simulate_events), simulator)
+
+
 def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from nvidia_device_plugin.base.signals import serve_until_stopped
     from nvidia_device_plugin.cli.session import nvml_opener
     from nvidia_device_plugin.config.flags import config_source, load_from
-    from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
-    from nvidia_device_plugin.nvml.sim.events import SimulatedEventFeeder
 
     load_config = config_loader(args, environ)
     source = config_source(args, environ)
@@ -130,6 +139,9 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         load_config = partial(load_from, source, args, environ)
 
     def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
+        # Here: watchdog loads only when there is a config file to watch (start-up time and memory).
+        from nvidia_device_plugin.config.watch import ConfigWatcher
+
         return ConfigWatcher(source, on_change)
 
     open_session, simulator = nvml_opener(args.simulate, args.nvml_call_deadline)
@@ -147,11 +159,7 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             labels=labels_options(args),
             node_config=follower,
             dra=dra_options(args),
-            simulated_events=(
-                SimulatedEventFeeder(Path(args.simulate_events), simulator)
-                if simulator is not None and args.simulate_events
-                else None
-            ),
+            simulated_events=_simulated_events(args, simulator),
         )
     )
     serve_until_stopped(daemon.start, daemon.reload, daemon.stop)  # the daemon starts and stops them all

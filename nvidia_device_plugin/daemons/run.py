@@ -35,7 +35,6 @@ from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
 from nvidia_device_plugin.cdi.writer import CdiPublisher
 from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import Config
-from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
 from nvidia_device_plugin.daemons.follower import (
     REDISCOVERY_INTERVAL_S,
@@ -55,7 +54,6 @@ from nvidia_device_plugin.health.registry import (
     mark_lost_at_start_up,
     mark_lost_on_reload,
 )
-from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
 from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plugin.manager import KUBELET_STREAM_GRACE_S, PluginManager, ResourceSpec
 from nvidia_device_plugin.serving.backend import GpuResourceBackend
@@ -69,12 +67,14 @@ from nvidia_device_plugin.sharing.readiness import (
 from nvidia_device_plugin.snapshot import Snapshot
 from nvidia_device_plugin.telemetry.on_demand import daemon_events, probe_server
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: watchdog and the label pipeline load when a config file or --labels-file asks
+    from nvidia_device_plugin.config.watch import ConfigWatcher
+    from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
     from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 log = logging.getLogger(__name__)
 
-ConfigWatcherFactory = Callable[[Callable[[], None]], ConfigWatcher]
+ConfigWatcherFactory = Callable[[Callable[[], None]], "ConfigWatcher"]
 
 
 @dataclass
@@ -140,11 +140,7 @@ class Daemon:
             self.readiness,
             options.metrics_render_cache_s,
         )
-        self.labels = (
-            LabelsFileWriter(options.labels, lambda: (self.snapshot, self.registry.unhealthy()))
-            if options.labels is not None
-            else None
-        )
+        self.labels = self._labels_writer(options.labels)
         self.workers = WorkerGroup()  # every thread of the process, in start order (see the module doc)
         watcher = options.watch(self._on_config_file_changed) if options.watch is not None else None
         for part in (
@@ -159,6 +155,14 @@ class Daemon:
         ):
             if part is not None:
                 self.workers.add(part)
+
+    def _labels_writer(self, options: LabelsOptions | None) -> LabelsFileWriter | None:
+        if options is None:
+            return None
+        # Here, not at the top: the label pipeline (GFD's rules) loads only when --labels-file asks for it.
+        from nvidia_device_plugin.labels.writer import LabelsFileWriter
+
+        return LabelsFileWriter(options, lambda: (self.snapshot, self.registry.unhealthy()))
 
     def _follower(self) -> SnapshotFollower:
         """The one way the served snapshot changes (reloads, retries, re-discovery): see SnapshotFollower."""

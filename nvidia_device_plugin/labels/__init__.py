@@ -8,6 +8,21 @@ load the whole pipeline for that. The commands (`labels`, `--labels-file`, `gpu-
 in cli/.
 """
 
-from nvidia_device_plugin.labels.node import LabelSettings, node_labels
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.labels.node import LabelSettings, node_labels
 
 __all__ = ["LabelSettings", "node_labels"]
+
+
+def __getattr__(name: str) -> Any:
+    """The re-exports, loaded on first use: importing labels.nfd (as every command's parser does) must not
+    load the label pipeline (labels.node and GFD's tables), which costs `run` start-up time and memory."""
+    if name in __all__:
+        from nvidia_device_plugin.labels import node
+
+        return getattr(node, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

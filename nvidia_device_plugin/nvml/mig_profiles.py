@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pynvml
@@ -63,6 +62,9 @@ def mig_memory_gb(memory_mb: int, gpu_memory_bytes: int) -> int:
     fraction = math.ceil(memory_mb * 1024 * 1024 / gpu_memory_bytes * 8) / 8
     total_gb = -(-gpu_memory_bytes // (1024**3))
     # Half away from zero, as Go's math.Round: the product of eighths is exact in binary floating point.
+    # decimal is imported here: only a node with MIG devices needs it (its C module costs start-up memory).
+    from decimal import ROUND_HALF_UP, Decimal
+
     return int(Decimal(fraction * total_gb).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from nvidia_device_plugin.cli.main import COMMANDS, build_parser
+from nvidia_device_plugin.cli import main as cli_main
+from nvidia_device_plugin.cli.main import COMMANDS, build_parser, parse_command_line
 
 from support.waiting import scaled
 
@@ -80,3 +81,55 @@ def test_second_flags_take_a_number_in_range() -> None:
         == 2.5
     )
     assert build_parser({}).parse_args(["run", "--dra-handover-interval", "60"]).dra_handover_interval == 60.0
+
+
+def _others_refuse_to_build(monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+    def refuse(*_: object) -> None:
+        raise AssertionError("another command's parser was built")
+
+    for name in cli_main._ADD_PARSER:
+        if name != command:
+            monkeypatch.setitem(cli_main._ADD_PARSER, name, refuse)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["run", "--simulate", "dgx-a100", "--metrics-address", "", "--dra-handover-interval", "60"],
+        ["plan", "--simulate", "t4-single", "--output", "json"],
+        ["mps-control-daemon", "--mps-quit-timeout", "2.5"],
+    ],
+)
+def test_a_command_named_first_is_parsed_by_its_own_parser_alone(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Start-up: `run` does not pay for six parsers it does not use. Same result as the full parser.
+    expected = vars(build_parser({}).parse_args(argv or ["run"]))
+    _others_refuse_to_build(monkeypatch, (argv or ["run"])[0])
+    assert vars(parse_command_line(argv, {})) == expected
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "run",
+            "--metrics-adress",
+            ":9402",
+        ],  # a misspelt option: "did you mean" from every command's options
+        ["run", "--dra-handover-interval", "61"],
+        ["run", "--help"],
+        ["plan", "--simulate"],
+    ],
+)
+def test_what_one_command_parser_would_refuse_or_print_is_said_by_the_full_parser(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as full:
+        build_parser({}).parse_args(argv)
+    said = capsys.readouterr()
+    with pytest.raises(SystemExit) as parsed:
+        parse_command_line(argv, {})
+    assert parsed.value.code == full.value.code
+    assert capsys.readouterr() == said

@@ -53,6 +53,21 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
     "nvidia_device_plugin.configmanager.inprocess",
     "nvidia_device_plugin.configmanager.nodewatch",
 )
+# What a plain `run` (no CDI strategy, --labels-file, config file, MIG device or --simulate-events) never
+# imports (issue 28's start-up target): the CDI node scan, the label pipeline, the config-file watch,
+# decimal (MIG memory sizes) and the simulated events feeder.
+NOT_FOR_A_PLAIN_RUN = (
+    "nvidia_device_plugin.cdi.spec",
+    "nvidia_device_plugin.cdi.edits",
+    "nvidia_device_plugin.cdi.scan",
+    "nvidia_device_plugin.cdi.graphics",
+    "nvidia_device_plugin.labels.node",
+    "nvidia_device_plugin.labels.gfd",
+    "nvidia_device_plugin.labels.writer",
+    "nvidia_device_plugin.config.watch",
+    "decimal",
+    "nvidia_device_plugin.nvml.sim.events",
+)
 DRA_MODULES_RUN_MAY_LOAD = (
     "nvidia_device_plugin.dra",
     "nvidia_device_plugin.dra.options",
@@ -124,5 +139,6 @@ def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(
     loaded = _modules(output)
     assert {"grpc", "nvidia_device_plugin.daemons.run"} <= loaded  # it served
     assert sorted(loaded & set(NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA)) == []
+    assert sorted(loaded & set(NOT_FOR_A_PLAIN_RUN)) == []
     dra = {m for m in loaded if m == "nvidia_device_plugin.dra" or m.startswith("nvidia_device_plugin.dra.")}
     assert sorted(dra - set(DRA_MODULES_RUN_MAY_LOAD)) == []
