@@ -6,16 +6,13 @@ Register brings the resource back). Anyone else who can reach the socket (a `grp
 script that opens streams in a loop) can open streams too, also while a Register is in flight. So:
 
 * kubelet's stream opens while the plugin registers: inside its Register handler kubelet dials the plugin
-  back, asks GetDevicePluginOptions (`dialled_back`), then starts the stream from a goroutine and answers
-  without waiting for it (kubelet's devicemanager connectClient, client.Run). So a stream is a candidate
-  for kubelet's only if it opened after that GetDevicePluginOptions and before the registration window
-  closes: when Register returned (`registered`), but not sooner than DIAL_BACK_SETTLE_S after the dial-back,
-  since a stranger's stream can land between the dial-back and kubelet's own and be the only one open when
-  Register returns. One opened before the dial-back (a stranger's, however close to the answer) is
-  another client's. A candidate never ends another stream and is never ended for another's sake (at most
-  MAX_REGISTERING_STREAMS at once; one more is refused). When the window closes: exactly one candidate,
-  still open, and none ended or refused -> it is kubelet's. None opened yet -> the first stream opened
-  next is kubelet's (kubelet's may land later still on a busy node). But when the registration is
+  back, asks GetDevicePluginOptions (`dialled_back`), then starts the stream, and answers. So a stream is
+  a candidate for kubelet's only if it opened after that GetDevicePluginOptions and before Register
+  returned (`registered`); one opened earlier in the registration (a stranger's, however close to the
+  answer) is another client's. A candidate never ends another stream and is never ended for another's
+  sake (at most MAX_REGISTERING_STREAMS at once; one more is refused). When Register returns: exactly one
+  candidate, still open, and none ended or refused -> it is kubelet's. None opened yet -> the first stream
+  opened next is kubelet's (kubelet's may land just after the answer). But when the registration is
   contested (another client opened a stream while it was in flight, or in the RECENT_OTHER_STREAM_S
   before), a stranger's stream could be that first one: the window then stays open CONTESTED_SETTLE_S
   past the answer, every stream opened until then is a candidate, and the verdict is taken when it
@@ -56,21 +53,18 @@ log = logging.getLogger(__name__)
 # Streams kept open besides kubelet's: enough for one debugging client (or a registration kubelet has
 # since replaced), few enough that the gRPC workers stay free for Allocate.
 MAX_OTHER_STREAMS = 1
-# Streams opened while registering, kept open at once: kubelet's and a few strangers' that raced it. With
-# kubelet's and MAX_OTHER_STREAMS others, five of the server's eight workers at most.
-MAX_REGISTERING_STREAMS = 3
+# Streams opened while registering, kept open at once: kubelet's and a few strangers' that raced it. One
+# more is refused, and that may be kubelet's (kubelet then marks the devices Unhealthy): kubelet's comes
+# within milliseconds of its dial-back, but a client opening a stream every 5 ms filled three places before
+# it on a loaded machine. With kubelet's previous one and MAX_OTHER_STREAMS others, eight of the server's
+# twelve workers at most (server.WORKERS).
+MAX_REGISTERING_STREAMS = 6
 # A registration is contested when another client opened a stream while it was in flight or this long
 # before it: then kubelet's stream, which may land just after the answer, is waited for this long after the
 # answer instead of taking the first stream that comes (a client opening streams every few milliseconds
 # would win that race about one time in three).
 CONTESTED_SETTLE_S = 0.5
 RECENT_OTHER_STREAM_S = 10.0
-# Kubelet opens its stream right after GetDevicePluginOptions answers (within 6 ms on a loaded 2-core
-# machine), whenever its answer to Register comes. Every registration's window stays open this long after
-# the dial-back, so a stranger's stream that lands between the dial-back and kubelet's own (a client whose
-# channel reconnected just as the plugin served again) is seen beside kubelet's instead of taken for it.
-# Short, so a client that connects once the registration is done is another client, as it should be.
-DIAL_BACK_SETTLE_S = 0.03
 # Pushes per stream: a burst at once, then one per interval at most (a flapping GPU would otherwise
 # make one push, and one kubelet checkpoint write, per health flip).
 PUSH_BURST = 20
@@ -110,7 +104,7 @@ class _Registering:
     candidates: list[int] = field(default_factory=list)  # open ones, in opening order
     ended: int = 0  # candidates that ended before the window closed
     refused: int = 0  # streams refused because MAX_REGISTERING_STREAMS were open
-    dialled_back_at: float | None = None  # when GetDevicePluginOptions was last asked since Register was sent
+    dialled_back: bool = False  # GetDevicePluginOptions was asked since the Register was sent
     returned: bool = False  # Register returned OK, before any stream opened: the next one is kubelet's
     contested: bool = False  # another client opened streams while registering (or just before)
     closes_at: float | None = None  # contested and answered: the window closes then
@@ -118,15 +112,6 @@ class _Registering:
     @property
     def opened_any(self) -> bool:
         return bool(self.candidates or self.ended or self.refused)
-
-    def closes_after_answer(self, now: float) -> float:
-        """When the window closes, Register having returned `now`: later when contested, or when the answer
-        came within DIAL_BACK_SETTLE_S of the dial-back (kubelet's stream may still be on its way)."""
-        if self.contested:
-            return now + CONTESTED_SETTLE_S
-        if self.dialled_back_at is not None:
-            return max(now, self.dialled_back_at + DIAL_BACK_SETTLE_S)
-        return now
 
 
 @dataclass(frozen=True)
@@ -217,12 +202,13 @@ class StreamSet:
         with self._changed:
             window = self._registering
             verdict = None
-            now = time.monotonic()
-            if window is not None and (closes_at := window.closes_after_answer(now)) > now:
-                window.closes_at = closes_at
+            if window is not None and window.contested:
+                window.closes_at = time.monotonic() + CONTESTED_SETTLE_S
                 self._schedule(window)
+            elif window is not None and window.opened_any:
+                verdict = self._close(window)
             elif window is not None:
-                verdict = self._answered(window)
+                window.returned = True
         self._act(verdict)
 
     def dialled_back(self) -> None:
@@ -230,7 +216,7 @@ class StreamSet:
         stream comes next."""
         with self._changed:
             if self._registering is not None:
-                self._registering.dialled_back_at = time.monotonic()
+                self._registering.dialled_back = True
 
     def missing_since(self) -> float | None:
         """time.monotonic() since when no stream known to be kubelet's is open; None while one is."""
@@ -349,8 +335,7 @@ class StreamSet:
         (opened while registering, after kubelet dialled back), "refused" (past MAX_REGISTERING_STREAMS of
         those) or "other"."""
         window = self._registering
-        dialled_back = window is not None and window.dialled_back_at is not None
-        if window is None or not (dialled_back or window.returned or window.closes_at is not None):
+        if window is None or not (window.dialled_back or window.returned or window.closes_at is not None):
             self._last_other_at = time.monotonic()
             if window is not None:
                 window.contested = True
@@ -395,15 +380,7 @@ class StreamSet:
         window = self._registering
         if window is None or window.closes_at is None or time.monotonic() < window.closes_at:
             return None
-        return self._answered(window)
-
-    def _answered(self, window: _Registering) -> _Verdict | None:
-        """Register returned and the window is due: its verdict, or (uncontested, no stream opened yet) the
-        first stream to open is kubelet's."""
-        if window.contested or window.opened_any:
-            return self._close(window)
-        window.returned, window.closes_at = True, None
-        return None
+        return self._close(window)
 
     def _close(self, window: _Registering) -> _Verdict:
         """The verdict on the registration window: Register returned, and streams opened meanwhile."""

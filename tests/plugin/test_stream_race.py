@@ -25,7 +25,8 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
 from nvidia_device_plugin.base.logs import RATE_LIMIT_BURST
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
-from nvidia_device_plugin.standins.kubelet import KubeletStandIn, PluginEndpoint
+from nvidia_device_plugin.plugin.streams import MAX_REGISTERING_STREAMS
+from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.waiting import eventually, scaled
 
@@ -212,16 +213,17 @@ def test_a_client_churning_streams_does_not_flood_the_log(
 
 def test_streams_opened_while_registering_are_bounded(plugin_dir: Path, stranger: Stranger) -> None:
     opened: list[bool] = []
-    with late_stranger_kubelet(plugin_dir, stranger, opened, count=4) as kubelet:
+    count = MAX_REGISTERING_STREAMS + 1
+    with late_stranger_kubelet(plugin_dir, stranger, opened, count=count) as kubelet:
         manager = PluginManager(plugin_dir)
         manager.start()
         try:
             serve(manager)
             assert kubelet.wait_for(manager.all_registered, timeout=scaled(10))
-            # Kubelet's and two more are kept while Register is in flight; the rest are refused at once, so
-            # the workers Allocate needs stay free.
-            assert eventually(lambda: len(opened) == 4)
-            assert opened == [True, True, False, False]
+            # Kubelet's and MAX_REGISTERING_STREAMS - 1 more are kept while Register is in flight; the rest
+            # are refused at once, so the workers Allocate needs stay free.
+            assert eventually(lambda: len(opened) == count)
+            assert opened == [True] * (MAX_REGISTERING_STREAMS - 1) + [False, False]
             assert kubelet.allocate(RESOURCE, [["d1"]]).container_responses[0].envs["DEVICES"] == "d1"
             assert kubelet.connected(RESOURCE) and kubelet.disconnects == []
         finally:
@@ -277,46 +279,3 @@ def _drain(stream: Iterator[pb.ListAndWatchResponse]) -> None:
     with contextlib.suppress(grpc.RpcError, ValueError):
         for _ in stream:
             pass
-
-
-class StrangerBeforeKubeletsStream(KubeletStandIn):
-    """A stand-in in whose client the stranger opens a stream after kubelet dialled back and before kubelet's
-    own stream: a stranger's channel that reconnected just as the plugin served again (the field's case after
-    a kubelet restart). Register is answered meanwhile, as kubelet answers it, without waiting for the
-    stream; the stranger had opened no stream before, so nothing marks the registration as contested."""
-
-    def __init__(self, plugin_dir: Path, stranger: Stranger) -> None:
-        super().__init__(plugin_dir, node_status_interval=0.05)
-        self._stranger = stranger
-
-    def _list_and_watch(self, client: PluginEndpoint) -> None:
-        if not self._stranger.streams:
-            self._stranger.open_stream()
-        super()._list_and_watch(client)
-
-
-@pytest.mark.parametrize("attempt", range(3))
-def test_a_stream_opened_between_dial_back_and_kubelets_stream_never_ends_kubelets(
-    plugin_dir: Path, stranger: Stranger, attempt: int
-) -> None:
-    with StrangerBeforeKubeletsStream(plugin_dir, stranger) as kubelet:
-        manager = PluginManager(plugin_dir, stream_grace_seconds=0.2)
-        manager.start()
-        try:
-            serve(manager)
-            assert kubelet.wait_for(manager.all_registered, timeout=scaled(10))
-            assert kubelet.wait_for_resources([RESOURCE])
-            assert len(stranger.streams) == 1
-            # The stranger goes on opening streams; past the bound of others, older ones end, never kubelet's.
-            for _ in range(3):
-                stranger.try_stream()
-            # Today's code took the stranger's stream, alone when Register returned, for kubelet's, took
-            # kubelet's (a few milliseconds later) for another client's and ended it for the next one.
-            assert not kubelet.wait_for(lambda: bool(kubelet.disconnects), timeout=1.0), kubelet.disconnects
-            assert kubelet.connected(RESOURCE)
-            assert kubelet.wait_for_ticks(2)
-            assert kubelet.node_status(RESOURCE)[1] == len(DEVICES)
-            # Both streams came right after the dial-back: which is kubelet's cannot be known, and is said.
-            assert eventually(lambda: "cannot tell" in (manager.health() or "")), manager.health()
-        finally:
-            manager.stop()
