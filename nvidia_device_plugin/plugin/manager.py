@@ -27,6 +27,7 @@ from nvidia_device_plugin.plugin.registrar import (
     Registrar,
     RegistrarHooks,
     RegistrarSettings,
+    inode,
     waiting_for_kubelet,
 )
 from nvidia_device_plugin.plugin.registration import REGISTER_TIMEOUT_SECONDS
@@ -248,7 +249,7 @@ class PluginManager:
 
     def _on_path_event(self, path: Path, kind: str) -> None:
         if path == self.kubelet_socket and kind in ("created", "moved"):
-            self._kubelet_restarted(f"kubelet socket {path} created")
+            self._kubelet_restarted(f"kubelet socket {path} created", inode(path))
             return
         if kind == "deleted":
             for name, server in self._state.servers().items():
@@ -263,10 +264,14 @@ class PluginManager:
         if delay is not None:
             log.info("registering %s again%s, so that kubelet opens a new stream", name, _after(delay))
 
-    def _kubelet_restarted(self, why: str) -> None:
+    def _kubelet_restarted(self, why: str, kubelet_inode: int | None = None) -> None:
+        """A new kubelet; with `kubelet_inode` (of its socket), unless the registrar found it first."""
+        if kubelet_inode is None:
+            self._state.kubelet_restarted()
+        elif not self._state.kubelet_socket_created(kubelet_inode):
+            return
         log.info("%s: kubelet (re)started, re-registering all resources", why)
         self._events.kubelet_restarted()
-        self._state.kubelet_restarted()
 
 
 def _after(delay: float) -> str:

@@ -85,6 +85,7 @@ class RegistrationState(Generic[S]):
         # When each resource's last kubelet stream ended (by our stop too); kept while the same kubelet runs.
         self._stream_ended: dict[str, float] = {}
         self._kubelet_inode: int | None = None  # of the kubelet.sock last registered with
+        self._registering_with: int | None = None  # of the kubelet.sock the last registrations went to
         self._next_due: float | None = None  # the earliest deferred registration is due then
 
     # ---- what the manager says -----------------------------------------------------------------
@@ -149,13 +150,30 @@ class RegistrationState(Generic[S]):
     def kubelet_restarted(self) -> None:
         """A new kubelet: every socket served anew, every resource registered again, nothing held back."""
         with self._lock:
-            self._rebind.update(self._servers)
-            self._pending.update({name: next(self._requests) for name in self._servers})
-            self._registered.clear()
-            self._kubelet_inode = None
-            self._not_before.clear()
-            self._stream_ended.clear()
+            self._restarted()
         self.wake()
+
+    def kubelet_socket_created(self, kubelet_inode: int | None) -> bool:
+        """kubelet.sock (of `kubelet_inode`) was created: a new kubelet (True), unless it is the kubelet
+        registered with or being registered with already, which the registrar found first (False, nothing
+        done). Registering with that kubelet again would make it replace its client of each resource, and
+        the end of the first client's stream disconnects the second (kubelet's disconnect race)."""
+        with self._lock:
+            if kubelet_inode is not None and kubelet_inode in (self._kubelet_inode, self._registering_with):
+                return False
+            self._restarted()
+        self.wake()
+        return True
+
+    def _restarted(self) -> None:
+        """Under the lock: what a new kubelet means."""
+        self._registering_with = None
+        self._rebind.update(self._servers)
+        self._pending.update({name: next(self._requests) for name in self._servers})
+        self._registered.clear()
+        self._kubelet_inode = None
+        self._not_before.clear()
+        self._stream_ended.clear()
 
     # ---- what the registrar asks and says ------------------------------------------------------
 
@@ -213,6 +231,8 @@ class RegistrationState(Generic[S]):
             later = [t for t in at.values() if t > now]
             self._next_due = min(later) if later else None
             todo = [Registration(n, self._servers[n], self._pending[n]) for n in waiting if at[n] <= now]
+            if todo:
+                self._registering_with = kubelet_inode
             return Due(todo, bool(self._rebind))
 
     def accepted(self, registration: Registration[S], kubelet_inode: int) -> bool:

@@ -20,8 +20,9 @@ script that opens streams in a loop) can open streams too, also while a Register
   manager registers again. Anything else -> the plugin cannot tell which is kubelet's: the candidates
   stay open and protected, `missing_since` stays set (so /healthz fails after the grace period) and, once
   all of them ended, that is taken as a lost kubelet stream. (gRPC tells a unix-socket server nothing
-  about its peer, neither credentials nor which connection a call came on, so the order of calls around
-  Register is what is left to go by.);
+  about its peer, neither credentials nor which connection a call came on: context.peer() is "unix:" and
+  auth_context() the same for every client, so the order of calls around Register is what is left to go
+  by.);
 * every stream opened outside that window is another client's: at most MAX_OTHER_STREAMS of them stay
   open, a new one past that ends the oldest of them, never kubelet's or a candidate. Each open stream holds
   one gRPC worker, so streams can never take the workers Allocate needs;
@@ -52,9 +53,12 @@ log = logging.getLogger(__name__)
 # Streams kept open besides kubelet's: enough for one debugging client (or a registration kubelet has
 # since replaced), few enough that the gRPC workers stay free for Allocate.
 MAX_OTHER_STREAMS = 1
-# Streams opened while registering, kept open at once: kubelet's and a few strangers' that raced it. With
-# kubelet's and MAX_OTHER_STREAMS others, five of the server's eight workers at most.
-MAX_REGISTERING_STREAMS = 3
+# Streams opened while registering, kept open at once: kubelet's and a few strangers' that raced it. One
+# more is refused, and that may be kubelet's (kubelet then marks the devices Unhealthy): kubelet's comes
+# within milliseconds of its dial-back, but a client opening a stream every 5 ms filled three places before
+# it on a loaded machine. With kubelet's previous one and MAX_OTHER_STREAMS others, eight of the server's
+# twelve workers at most (server.WORKERS).
+MAX_REGISTERING_STREAMS = 6
 # A registration is contested when another client opened a stream while it was in flight or this long
 # before it: then kubelet's stream, which may land just after the answer, is waited for this long after the
 # answer instead of taking the first stream that comes (a client opening streams every few milliseconds

@@ -57,18 +57,18 @@ class OneAtATime:
         self._rest = rest
         self._clock = clock
         self._sleep = sleep
-        self._admitted = threading.BoundedSemaphore(1 + waiting)
+        self._admitted_lock = threading.Lock()
+        self._admitted = 0  # calls in turn(): the one running and those waiting for their turn
         self._running = threading.Lock()
         self._rested_at = 0.0  # when the next turn may start (clock time)
 
     @contextmanager
     def turn(self) -> Iterator[None]:
         """AllocationError when the running one and `waiting` others are there already, or the wait ends."""
-        if not self._admitted.acquire(blocking=False):
-            raise AllocationError(
-                f"{self._what}: 1 computing and {self._waiting} waiting already, the most at once "
-                "(one at a time per resource; kubelet sends one at a time)"
-            )
+        with self._admitted_lock:
+            if (refused := self.refusal()) is not None:
+                raise AllocationError(refused)
+            self._admitted += 1
         try:
             if not self._running.acquire(timeout=self._wait_s):
                 raise AllocationError(
@@ -88,7 +88,18 @@ class OneAtATime:
             finally:
                 self._running.release()
         finally:
-            self._admitted.release()
+            with self._admitted_lock:
+                self._admitted -= 1
+
+    def refusal(self) -> str | None:
+        """Why turn() would refuse a call at once now, None when it would not: a look that takes no turn (the
+        server refuses so before parsing a request, to keep a flood's refused calls cheap)."""
+        if self._admitted < 1 + self._waiting:
+            return None
+        return (
+            f"{self._what}: 1 computing and {self._waiting} waiting already, the most at once "
+            "(one at a time per resource; kubelet sends one at a time)"
+        )
 
 
 class MpsGate(Protocol):
@@ -148,6 +159,10 @@ class GpuResourceBackend:
                 size,
                 policy=self.settings.shared_devices_allocation_policy,
             )
+
+    def preferred_refusal(self) -> str | None:
+        """Why a GetPreferredAllocation would be refused at once now (its bound reached), None otherwise."""
+        return self._preferred_turns.refusal()
 
     def _check_mps_ready(self, requests: Sequence[Sequence[str]]) -> None:
         assert self._mps_gate is not None

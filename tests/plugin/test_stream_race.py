@@ -25,6 +25,7 @@ from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
 from nvidia_device_plugin.base.logs import RATE_LIMIT_BURST
 from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
+from nvidia_device_plugin.plugin.streams import MAX_REGISTERING_STREAMS
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.waiting import eventually, scaled
@@ -212,16 +213,17 @@ def test_a_client_churning_streams_does_not_flood_the_log(
 
 def test_streams_opened_while_registering_are_bounded(plugin_dir: Path, stranger: Stranger) -> None:
     opened: list[bool] = []
-    with late_stranger_kubelet(plugin_dir, stranger, opened, count=4) as kubelet:
+    count = MAX_REGISTERING_STREAMS + 1
+    with late_stranger_kubelet(plugin_dir, stranger, opened, count=count) as kubelet:
         manager = PluginManager(plugin_dir)
         manager.start()
         try:
             serve(manager)
             assert kubelet.wait_for(manager.all_registered, timeout=scaled(10))
-            # Kubelet's and two more are kept while Register is in flight; the rest are refused at once, so
-            # the workers Allocate needs stay free.
-            assert eventually(lambda: len(opened) == 4)
-            assert opened == [True, True, False, False]
+            # Kubelet's and MAX_REGISTERING_STREAMS - 1 more are kept while Register is in flight; the rest
+            # are refused at once, so the workers Allocate needs stay free.
+            assert eventually(lambda: len(opened) == count)
+            assert opened == [True] * (MAX_REGISTERING_STREAMS - 1) + [False, False]
             assert kubelet.allocate(RESOURCE, [["d1"]]).container_responses[0].envs["DEVICES"] == "d1"
             assert kubelet.connected(RESOURCE) and kubelet.disconnects == []
         finally:

@@ -1,0 +1,48 @@
+"""A late word of a kubelet the registrar found first registers nothing again (issue 32, a stream-race
+follow-up).
+
+After a kubelet restart the registrar may find the lost plugin socket and the new kubelet.sock itself and
+register before the directory watch reports "kubelet.sock created". Taking that report for yet another
+kubelet restart registered every resource a second time with the same kubelet: kubelet replaced its client,
+the plugin's first stream of it became a stranger's and was ended for the next stranger's stream, and
+kubelet, answering that end, disconnected its current client (seen once in 8 runs of
+test_stream_race.py's restart test on a loaded machine).
+"""
+
+from __future__ import annotations
+
+from test_registration_state import KUBELET, OTHER_KUBELET, register_all, state_with
+
+
+def test_the_socket_of_the_kubelet_being_registered_with_is_not_a_restart() -> None:
+    state, _ = state_with("a")
+    (registration,) = state.due(KUBELET).now  # the Register is in flight when the watch's word comes
+    assert not state.kubelet_socket_created(KUBELET)
+    assert state.accepted(registration, KUBELET)
+    assert state.registered() == {"a"}
+    assert state.due(KUBELET).all_done  # nothing to register again
+
+
+def test_the_socket_of_the_kubelet_registered_with_is_not_a_restart() -> None:
+    state, _ = state_with("a")
+    register_all(state)
+    assert not state.kubelet_socket_created(KUBELET)
+    assert state.registered() == {"a"} and state.due(KUBELET).all_done
+
+
+def test_another_kubelets_socket_is_a_restart() -> None:
+    state, _ = state_with("a")
+    register_all(state)
+    assert state.kubelet_socket_created(OTHER_KUBELET)
+    assert state.registered() == set()
+    assert state.to_rebind() == ["a"]  # every socket served anew, then registered again
+    state.rebound("a")
+    (registration,) = state.due(OTHER_KUBELET).now
+    assert state.accepted(registration, OTHER_KUBELET)
+
+
+def test_a_socket_gone_again_before_it_was_looked_at_is_a_restart() -> None:
+    state, _ = state_with("a")
+    register_all(state)
+    assert state.kubelet_socket_created(None)
+    assert state.registered() == set()
