@@ -5,8 +5,9 @@ and one asking for MPS gets a control daemon (the fake nvidia-cuda-mps-control o
 the daemon's PATH as the real one is) started before the claim is answered and quit at Unprepare.
 
 The simulator's time-slices live in the daemon process; it keeps a copy in its host tree (nvml/sim/state.py
-TIME_SLICES_FILE), which the test finds under the TMPDIR it gives the daemon. Only processes this test
-started (the daemon) or the fake control binary started (by their ids) are ever signalled."""
+TIME_SLICES_FILE), which the test finds under the TMPDIR it gives the daemon. A restarted daemon adopts a
+prepared MPS claim's control daemon. Only processes this test started (the daemon) or the fake control
+binary started (by their ids) are ever signalled."""
 
 from __future__ import annotations
 
@@ -193,3 +194,28 @@ def test_the_daemon_sets_a_claims_time_slice_and_runs_an_mps_claims_control_daem
         "the GPU's compute mode set back",
     )
     node.stop(process)
+
+
+def test_a_restarted_daemon_adopts_a_prepared_mps_claims_control_daemon_and_quits_it_at_unprepare(
+    node: Node,
+) -> None:
+    shared = ("default", "shared", MPS_UID)
+    node.put(MPS_UID, "shared", "gpu-0", {"strategy": "MPS"})
+    first = node.start()
+    node.dra.current(node.root / "plugins_registry" / "gpu.nvidia.com-reg.sock")
+    wait_for(lambda: {"gpu-0", "gpu-1"} <= set(node.api.devices()), "GPUs 0 and 1 published for DRA")
+    node.prepare(shared)
+    pipe = node.mps_root / "claims" / MPS_UID / "pipe"
+    pid = running_pid(str(pipe))
+    assert pid is not None
+    node.stop(first)
+    assert pid_alive(pid)  # SIGTERM leaves the claim's daemon running for its clients
+
+    second = node.start()
+    node.dra.current(node.root / "plugins_registry" / "gpu.nvidia.com-reg.sock")
+    node.prepare(shared)  # from the checkpoint: the same daemon, not a second
+    assert running_pid(str(pipe)) == pid and lines(pipe / "launches") == ["-d"]
+    wait_for(lambda: f"already running (pid {pid}); adopting it" in node.output(second), "the adoption")
+    node.unprepare(shared)
+    assert not pid_alive(pid) and not pipe.parent.exists()
+    node.stop(second)
