@@ -34,8 +34,9 @@ class SharingModeFacts:
     replicas_at_most: int | None  # per device, where the mode itself has a bound
     dra_class: bool  # DRA gets a DeviceClass for its resources (serving them by extendedResourceName)
     dra_shareable: bool  # DRA publishes its devices once, shareable, with a `shares` capacity
-    # The DRA `sharing` attribute of its devices: MPS ones are published unshared, as MPS through DRA is not
-    # done (the kubelet plugin starts no MPS daemon), so its class gives one device per claim.
+    # The DRA `sharing` attribute of its devices: MPS ones are published unshared, so its class gives one
+    # device per claim: the kubelet plugin runs MPS only per claim (a daemon of the claim's own, asked for
+    # in its opaque config, that holds the GPU), not one daemon per GPU that several claims share.
     dra_attribute: SharingMode
 
 

@@ -9,6 +9,12 @@ plugin reads the node through `node_view` (a `NodeDevices`, never blocking), and
 plugin's prepared claims, and the claims on disk (dra/claims_on_disk.py: per-claim CDI specs, a checkpoint
 set aside), so that a GPU with a claim does not go back to the device plugin.
 
+The kubelet plugin sets up the sharing a claim's opaque config asks for (dra/kubelet/claim_sharing.py)
+through the daemon's NVML session: time-slices as the session sets them (nvidia-smi on a node, the
+simulator's under --simulate), a control daemon per MPS claim under the config's MPS root (`mpsRoot`, as
+the config was when DRA was turned on: a claim's daemon does not move), with its GPU's compute mode set to
+EXCLUSIVE_PROCESS while it runs and back to DEFAULT after, as `mps-control-daemon` does.
+
 The device plugin serves `plugin_plans(plans)`: the plans without the GPUs it does not own now; when a
 GPU changes sides, `on_owners_changed` asks the daemon to serve again.
 """
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
+from nvidia_device_plugin.config.v1 import Flags
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.claims_on_disk import claims_on_disk, gpus_of_devices
 from nvidia_device_plugin.dra.device_health import device_health
@@ -36,13 +43,14 @@ from nvidia_device_plugin.dra.slices import node_counter_sets, node_devices
 from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
-from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot
 
 if TYPE_CHECKING:
+    from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing
     from nvidia_device_plugin.dra.kubelet.model import NodeDevices
     from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
+    from nvidia_device_plugin.nvml.session import NvmlSession
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +61,13 @@ class DraMode:
         options: DraOptions,
         verdicts: Callable[[], Mapping[str, Verdict]],
         on_owners_changed: Callable[[], None],
-        host: HostPaths | None = None,
+        nvml: NvmlSession | None = None,
         cdi_spec_dir: Path = Path("/var/run/cdi"),
+        mps_root: str = Flags.mps_root,
     ) -> None:
         self.options = options
         self._on_owners_changed = on_owners_changed
-        self._host = host
+        self._host = nvml.host if nvml is not None else None
         self._lock = threading.Lock()
         self._owners = Owners()
         self._snapshot: Snapshot | None = None
@@ -73,7 +82,8 @@ class DraMode:
         self._pods = PodResourcesReader(options.pod_resources_socket, options.kubelet_restart_grace_s)
         self._cdi_spec_dir = cdi_spec_dir
         self._checkpoint_path = options.kubelet_plugins_dir / DRIVER_NAME / "checkpoint.json"
-        self.kubelet = self._kubelet_plugin(cdi_spec_dir, client)
+        sharing = claim_sharing(nvml, mps_root) if nvml is not None else None
+        self.kubelet = self._kubelet_plugin(cdi_spec_dir, client, sharing)
 
     def workers(self) -> list[Worker]:
         return [self.publisher, self.handover, self.kubelet]
@@ -118,10 +128,13 @@ class DraMode:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _kubelet_plugin(self, cdi_spec_dir: Path, api_client: Any) -> DraKubeletPlugin:
+    def _kubelet_plugin(
+        self, cdi_spec_dir: Path, api_client: Any, sharing: ClaimSharing | None
+    ) -> DraKubeletPlugin:
         """The kubelet DRA plugin: registration in the kubelet registry dir, its endpoint under the plugins
         dir, claims read through `api_client`, per-claim CDI specs in `cdi_spec_dir`, the devices' health
-        streamed to kubelet from what `_publish` reports."""
+        streamed to kubelet from what `_publish` reports, claims' sharing set up by `sharing` (None: a
+        claim asking for sharing is refused)."""
         from nvidia_device_plugin.dra.kubelet.claims import ApiClaimSource
         from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 
@@ -133,6 +146,7 @@ class DraMode:
             node=self.node_view,
             cdi_spec_dir=cdi_spec_dir,
             checkpoint_path=self._checkpoint_path,
+            sharing=sharing,
         )
 
     def node_view(self) -> NodeDevices | None:
@@ -246,6 +260,25 @@ class DraMode:
                 log.info("DRA handover: the claims on disk can be read again")
             claimed |= on_disk.devices
         return gpus_of_devices(claimed, inventory)
+
+
+def claim_sharing(nvml: NvmlSession, mps_root: str) -> ClaimSharing:
+    """What sets claims' sharing up on the node `nvml` reads: its time-slices, and MPS control daemons under
+    `mps_root` around which a GPU's compute mode is EXCLUSIVE_PROCESS (so that no process opens it beside
+    the MPS server, as `mps-control-daemon` sets it), and DEFAULT again once the daemon quit."""
+    from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing
+    from nvidia_device_plugin.nvml.compute_mode import ComputeMode, set_compute_mode
+    from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec
+
+    def compute_mode(mode: ComputeMode) -> Callable[[MpsDaemonSpec], None]:
+        return lambda spec: set_compute_mode(nvml.nv, spec.gpu_uuid, mode)
+
+    return ClaimSharing(
+        time_slice=nvml.time_slices(),
+        mps_root=mps_root,
+        prepare_gpu=compute_mode("EXCLUSIVE_PROCESS"),
+        release_gpu=compute_mode("DEFAULT"),
+    )
 
 
 def _kube_slice_api(client: Any) -> SliceApi:

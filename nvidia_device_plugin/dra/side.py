@@ -20,12 +20,12 @@ from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
-from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot
 
 if TYPE_CHECKING:  # the mode's modules load only when a config turns DRA on (start-up cost)
     from nvidia_device_plugin.dra.mode import DraMode
+    from nvidia_device_plugin.nvml.session import NvmlSession
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,10 @@ class DraSide:
             wanted_owners(snapshot.inventory, snapshot.config.dra)  # a GPU ref this node lacks is refused
         return snapshot
 
-    def enable(self, snapshot: Snapshot, host: HostPaths | None) -> list[Worker]:
+    def enable(self, snapshot: Snapshot, nvml: NvmlSession | None) -> list[Worker]:
         """The DRA mode's workers, the first time a snapshot turns `dra.enabled` on; else none (the mode,
-        once made, stays: turning DRA off hands the GPUs back through its handover)."""
+        once made, stays: turning DRA off hands the GPUs back through its handover). `nvml`: the daemon's
+        session (its host paths, the GPUs' compute modes and time-slices that claims' sharing sets)."""
         if self.mode is not None or not snapshot.config.dra.enabled or self.options is None:
             return []
         from nvidia_device_plugin.dra.mode import DraMode
@@ -68,8 +69,9 @@ class DraSide:
             self.options,
             self._verdicts,
             self._on_owners_changed,
-            host=host,
+            nvml=nvml,
             cdi_spec_dir=Path(snapshot.config.flags.plugin.cdi_spec_dir),
+            mps_root=snapshot.config.flags.mps_root,
         )
         log.info("DRA mode on: driver gpu.nvidia.com, pool %s", self.options.node_name)
         return self.mode.workers()

@@ -22,6 +22,7 @@ from nvidia_device_plugin.nvml.host import REAL_HOST, HostPaths
 
 if TYPE_CHECKING:  # a real node never loads the simulator
     from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
+    from nvidia_device_plugin.nvml.timeslice import TimeSliceControl
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,15 @@ class NvmlSession:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    def time_slices(self) -> TimeSliceControl:
+        """How the compute time-slices of this node's GPUs are set: nvidia-smi on a real node (NVML has no
+        call for it), the simulator's own on a simulated one."""
+        if self.simulator is not None:
+            return self.simulator.time_slices
+        from nvidia_device_plugin.nvml.timeslice import NvidiaSmiTimeSlice
+
+        return NvidiaSmiTimeSlice()
 
     def close(self) -> None:
         """Shut NVML down (a failure is logged, not raised; never waiting on a stuck call, see

@@ -36,7 +36,9 @@ from nvidia_device_plugin.nvml.mig_profiles import profile_id_for
 from nvidia_device_plugin.nvml.sim.gi_profiles import PLACEHOLDER_ID_OFFSET, GiProfile, profile_of
 from nvidia_device_plugin.nvml.sim.host import materialize_host, mig_instance_ids
 from nvidia_device_plugin.nvml.sim.node import NVSWITCH_PCI_DOMAIN, GpuSpec, MigSpec, NodeSpec
+from nvidia_device_plugin.nvml.sim.timeslice import SimulatedTimeSlice
 
+TIME_SLICES_FILE = "time-slices.json"  # in the host tree: the time-slices, for tests of a daemon process
 _GPU_STRIDE = 0x10000
 _MIG_STRIDE = 0x100
 _EVENT_SET_BASE = 0x7F000000
@@ -116,6 +118,8 @@ class SimulatorState:
         self._bare_gpu_instances: dict[int, dict[int, BareGpuInstance]] = {}
         self._in_use: set[str] = set()
         self._made = 0
+        # The GPUs' compute time-slices (nvidia-smi's, not NVML's: nvml/timeslice.py), kept in the host tree.
+        self.time_slices = SimulatedTimeSlice([g.uuid for g in node.gpus])
         for spec in node.hangs:
             self.hang(spec.call, spec.gpu, spec.seconds)
 
@@ -222,6 +226,7 @@ class SimulatorState:
             if self._host is None:
                 self._host_dir = tempfile.TemporaryDirectory(prefix="nvdp-host-")
                 self._host = materialize_host(self.node, Path(self._host_dir.name))
+                self.time_slices.record_to(Path(self._host_dir.name) / TIME_SLICES_FILE)
             return self._host
 
     def close(self) -> None:
