@@ -285,9 +285,11 @@ class DynamicMig:
 
     def _reread(self, index: int, uuid: str, ref: ClaimRef | None = None) -> Gpu:
         fresh = self._control.reread(index)
-        if fresh is None or fresh.uuid != uuid:
+        if fresh is None or fresh.uuid != uuid or fresh.lost:  # lost: its MIG devices are not known
             what = f" for {ref.label}" if ref is not None else ""
-            raise ClaimError(f"GPU {uuid} (index {index}) cannot be read again{what}")
+            raise ClaimError(
+                f"GPU {uuid} (index {index}) cannot be read again{what} (lost, or a call is stuck)"
+            )
         if self._on_gpu_changed is not None:
             self._on_gpu_changed(fresh)
         return fresh
