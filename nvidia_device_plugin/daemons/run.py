@@ -382,7 +382,7 @@ class Daemon:
     def _start_dra(self, snapshot: Snapshot) -> None:
         """The one point where the DRA side's workers (dra-slices, dra-handover, the kubelet DRA plugin) join
         the daemon's: when `snapshot` is the first to turn dra.enabled on."""
-        for worker in self.dra.enable(snapshot, self.nvml.host if self.nvml is not None else None):
+        for worker in self.dra.enable(snapshot, self.nvml.host if self.nvml is not None else None, self.nvml):
             self.workers.start(worker)
 
     def _on_dra_owners_changed(self) -> None:

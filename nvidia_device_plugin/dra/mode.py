@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
-from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.dra.claims_on_disk import claims_on_disk, gpus_of_devices
 from nvidia_device_plugin.dra.device_health import device_health
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
@@ -37,6 +37,7 @@ from nvidia_device_plugin.dra.taints import HealthTaints
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
 from nvidia_device_plugin.nvml.host import HostPaths
+from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot
 
@@ -55,6 +56,7 @@ class DraMode:
         on_owners_changed: Callable[[], None],
         host: HostPaths | None = None,
         cdi_spec_dir: Path = Path("/var/run/cdi"),
+        nvml: NvmlSession | None = None,
     ) -> None:
         self.options = options
         self._on_owners_changed = on_owners_changed
@@ -73,6 +75,7 @@ class DraMode:
         self._pods = PodResourcesReader(options.pod_resources_socket, options.kubelet_restart_grace_s)
         self._cdi_spec_dir = cdi_spec_dir
         self._checkpoint_path = options.kubelet_plugins_dir / DRIVER_NAME / "checkpoint.json"
+        self._nvml = nvml  # dynamic MIG makes claims' MIG devices through it; None: it refuses them
         self.kubelet = self._kubelet_plugin(cdi_spec_dir, client)
 
     def workers(self) -> list[Worker]:
@@ -110,6 +113,12 @@ class DraMode:
         published = published_devices(snapshot.inventory, snapshot.config.dra.dynamic_mig)
         return {n: d for n, d in published.items() if d.gpu.uuid in owned}
 
+    def dynamic_mig(self) -> bool:
+        """Whether the config served now has dynamic MIG on."""
+        with self._lock:
+            snapshot = self._snapshot
+        return snapshot is not None and snapshot.config.dra.enabled and snapshot.config.dra.dynamic_mig
+
     def owners(self) -> dict[str, str]:
         """GPU UUID -> its side now, or "moving to <side>"."""
         with self._lock:
@@ -123,9 +132,11 @@ class DraMode:
         dir, claims read through `api_client`, per-claim CDI specs in `cdi_spec_dir`, the devices' health
         streamed to kubelet from what `_publish` reports."""
         from nvidia_device_plugin.dra.kubelet.claims import ApiClaimSource
+        from nvidia_device_plugin.dra.kubelet.dynamic_mig import DynamicMig, NvmlMigControl
         from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 
         plugins_dir = self.options.kubelet_plugins_dir
+        nvml = self._nvml
         return DraKubeletPlugin(
             plugins_dir=plugins_dir,
             registry_dir=self.options.kubelet_registry_dir,
@@ -133,7 +144,19 @@ class DraMode:
             node=self.node_view,
             cdi_spec_dir=cdi_spec_dir,
             checkpoint_path=self._checkpoint_path,
+            dynamic_mig=DynamicMig(NvmlMigControl(nvml), self.on_gpu_changed) if nvml is not None else None,
         )
+
+    def on_gpu_changed(self, gpu: Gpu) -> None:
+        """A GPU read again after dynamic MIG made or destroyed a MIG device on it: the slices and the
+        kubelet plugin's view take its MIG state now (the daemon's next reload reads every GPU anyway)."""
+        from nvidia_device_plugin.dra.kubelet.dynamic_mig import with_gpu
+
+        with self._lock:
+            if self._snapshot is None:
+                return
+            self._snapshot = replace(self._snapshot, inventory=with_gpu(self._snapshot.inventory, gpu))
+        self._publish()
 
     def node_view(self) -> NodeDevices | None:
         """The node as the kubelet plugin's prepare sees it now; None before the first snapshot (or

@@ -21,6 +21,7 @@ from nvidia_device_plugin.dra.options import DraOptions
 from nvidia_device_plugin.events import HealthChange
 from nvidia_device_plugin.health.registry import Verdict
 from nvidia_device_plugin.nvml.host import HostPaths
+from nvidia_device_plugin.nvml.session import NvmlSession
 from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot
 
@@ -55,11 +56,23 @@ class DraSide:
             from nvidia_device_plugin.dra.ownership import wanted_owners
 
             wanted_owners(snapshot.inventory, snapshot.config.dra)  # a GPU ref this node lacks is refused
+        turned_off = not (snapshot.config.dra.enabled and snapshot.config.dra.dynamic_mig)
+        was_on = self.mode is not None and self.mode.dynamic_mig()
+        made = self.mode.kubelet.made_mig() if self.mode is not None and was_on and turned_off else {}
+        if made:  # what made them must stay on to destroy them at unprepare
+            claims = "; ".join(f"{label}: {', '.join(uuids)}" for label, uuids in sorted(made.items()))
+            raise ConfigError(
+                f"dra.dynamicMig cannot be turned off while claims hold MIG devices it made ({claims}); "
+                "delete their pods first"
+            )
         return snapshot
 
-    def enable(self, snapshot: Snapshot, host: HostPaths | None) -> list[Worker]:
+    def enable(
+        self, snapshot: Snapshot, host: HostPaths | None, nvml: NvmlSession | None = None
+    ) -> list[Worker]:
         """The DRA mode's workers, the first time a snapshot turns `dra.enabled` on; else none (the mode,
-        once made, stays: turning DRA off hands the GPUs back through its handover)."""
+        once made, stays: turning DRA off hands the GPUs back through its handover). `nvml`: the session
+        dynamic MIG makes claims' MIG devices through (None: such claims are refused)."""
         if self.mode is not None or not snapshot.config.dra.enabled or self.options is None:
             return []
         from nvidia_device_plugin.dra.mode import DraMode
@@ -70,6 +83,7 @@ class DraSide:
             self._on_owners_changed,
             host=host,
             cdi_spec_dir=Path(snapshot.config.flags.plugin.cdi_spec_dir),
+            nvml=nvml,
         )
         log.info("DRA mode on: driver gpu.nvidia.com, pool %s", self.options.node_name)
         return self.mode.workers()

@@ -9,12 +9,13 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.cdi.model import CdiSettings
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Gpu, MigDevice
@@ -23,6 +24,8 @@ from nvidia_device_plugin.dra.kubelet.dynamic_mig import DynamicMig, NvmlMigCont
 from nvidia_device_plugin.dra.kubelet.model import NodeDevices
 from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 from nvidia_device_plugin.dra.names import published_devices
+from nvidia_device_plugin.dra.options import DraOptions
+from nvidia_device_plugin.dra.side import DraSide
 from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.mig_manager import MigManager
 from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
@@ -291,3 +294,35 @@ def test_a_hung_create_is_bounded_and_what_it_makes_later_is_destroyed_at_unprep
     wait_for(lambda: node.unprepare(1, 2) == {uid(1): "", uid(2): ""}, "the claims to be unprepared")
     assert node.live.migs(0) == () and node.live.migs(1) == ()
     assert uid(1) not in node.checkpoint()["claims"]
+
+
+class _ModeHolding:
+    """The parts of a DraMode that DraSide.check reads: dynamic MIG on, and a claim holding a MIG device."""
+
+    def __init__(self, plugin: DraKubeletPlugin) -> None:
+        self.kubelet = plugin
+
+    def dynamic_mig(self) -> bool:
+        return True
+
+
+def test_turning_dynamic_mig_off_with_mig_devices_in_use_is_refused_naming_the_claims(node: Setup) -> None:
+    node.allocate(1, node.placement("1g.10gb", ONE_G, 0))
+    node.prepare(1)
+    [made] = node.live.migs()
+    options = DraOptions(
+        "gpu-node-1", node.dra.root / "pr.sock", node.dra.plugins_dir, node.dra.registry_dir, dict
+    )
+    side = DraSide(options, dict, lambda: None)
+    side.mode = _ModeHolding(node.dra.started[-1])  # type: ignore[assignment]
+    config = Config()
+    on = replace(config, dra=replace(config.dra, enabled=True, dynamic_mig=True))
+    snapshot = replace(build_snapshot(node.live.session, on), config=on)
+    assert side.check(snapshot) is snapshot  # still on: served
+    for off in (replace(on.dra, dynamic_mig=False), replace(on.dra, enabled=False)):
+        with pytest.raises(ConfigError) as refused:
+            side.check(replace(snapshot, config=replace(on, dra=off)))
+        assert "claim default/claim-1" in str(refused.value) and made.uuid in str(refused.value)
+    node.unprepare(1)
+    off_snapshot = replace(snapshot, config=replace(on, dra=replace(on.dra, dynamic_mig=False)))
+    assert side.check(off_snapshot) is off_snapshot  # nothing made any more: turned off

@@ -233,6 +233,10 @@ class DraKubeletPlugin(Worker):
         """The device names of each claim prepared on this node, by claim UID (empty before start)."""
         return {} if self._preparer is None else self._preparer.prepared()
 
+    def made_mig(self) -> dict[str, tuple[str, ...]]:
+        """The MIG devices made for claims on this node (dynamic MIG), by claim label (empty before start)."""
+        return {} if self._preparer is None else self._preparer.made_mig()
+
     # ---- the sockets ----------------------------------------------------------------------------
 
     def _keep_serving(self) -> None:

@@ -133,6 +133,15 @@ class ClaimPreparer:
         with self._lock:
             return {uid: tuple(d.device for d in entry.devices) for uid, entry in self._checkpoint}
 
+    def made_mig(self) -> dict[str, tuple[str, ...]]:
+        """The MIG devices made for claims here (dynamic MIG): their UUIDs by claim label."""
+        with self._lock:
+            return {
+                e.ref.label: tuple(r.mig_uuid or r.device for r in e.mig)
+                for _, e in self._checkpoint
+                if e.mig
+            }
+
     # ---- one claim -------------------------------------------------------------------------------
 
     def _guarded(
