@@ -20,8 +20,9 @@ from nvidia_device_plugin.cdi.model import CdiSettings
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.devices import Gpu, MigDevice
 from nvidia_device_plugin.dra.kinds.mig import mig_device_name
+from nvidia_device_plugin.dra.kubelet.checkpoint import Checkpoint, Entry, MigRecord
 from nvidia_device_plugin.dra.kubelet.dynamic_mig import DynamicMig, NvmlMigControl, with_gpu
-from nvidia_device_plugin.dra.kubelet.model import NodeDevices
+from nvidia_device_plugin.dra.kubelet.model import ClaimRef, NodeDevices
 from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 from nvidia_device_plugin.dra.names import published_devices
 from nvidia_device_plugin.dra.options import DraOptions
@@ -326,3 +327,20 @@ def test_turning_dynamic_mig_off_with_mig_devices_in_use_is_refused_naming_the_c
     node.unprepare(1)
     off_snapshot = replace(snapshot, config=replace(on, dra=replace(on.dra, dynamic_mig=False)))
     assert side.check(off_snapshot) is off_snapshot  # nothing made any more: turned off
+
+
+def test_mig_records_round_trip_through_the_checkpoint_and_a_malformed_one_sets_it_aside(
+    tmp_path: Path,
+) -> None:
+    ref = ClaimRef("default", "claim-1", uid(1))
+    made = MigRecord("gpu-0-mig-1g10gb-19-6", "GPU-a", 0, "1g.10gb", ONE_G, 6, 1, "made", 3, 0, "MIG-b")
+    creating = replace(made, device="gpu-0-mig-1g10gb-19-5", start=5, state="creating", gi_id=-1, mig_uuid="")
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(path, "boot", {uid(1): Entry(ref, "PrepareStarted", mig=(made, creating))}).save()
+    loaded, _ = Checkpoint.load(path, "boot")
+    assert loaded.get(uid(1)) == Entry(ref, "PrepareStarted", mig=(made, creating))
+    document = json.loads(path.read_text())
+    document["claims"][uid(1)]["migInstances"][0]["giID"] = "3"  # not an integer
+    path.write_text(json.dumps(document))
+    empty, _ = Checkpoint.load(path, "boot")
+    assert list(empty) == [] and (tmp_path / "checkpoint.json.corrupt").exists()
