@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.config.v1 import Flags
-from nvidia_device_plugin.devices import Inventory
+from nvidia_device_plugin.devices import Gpu, Inventory
 from nvidia_device_plugin.dra.claims_on_disk import claims_on_disk, gpus_of_devices
 from nvidia_device_plugin.dra.device_health import device_health
 from nvidia_device_plugin.dra.names import DRIVER_NAME, DraDevice, published_devices
@@ -82,6 +82,7 @@ class DraMode:
         self._pods = PodResourcesReader(options.pod_resources_socket, options.kubelet_restart_grace_s)
         self._cdi_spec_dir = cdi_spec_dir
         self._checkpoint_path = options.kubelet_plugins_dir / DRIVER_NAME / "checkpoint.json"
+        self._nvml = nvml  # dynamic MIG makes claims' MIG devices through it; None: it refuses them
         sharing = claim_sharing(nvml, mps_root) if nvml is not None else None
         self.kubelet = self._kubelet_plugin(cdi_spec_dir, client, sharing)
 
@@ -120,6 +121,12 @@ class DraMode:
         published = published_devices(snapshot.inventory, snapshot.config.dra.dynamic_mig)
         return {n: d for n, d in published.items() if d.gpu.uuid in owned}
 
+    def dynamic_mig(self) -> bool:
+        """Whether the config served now has dynamic MIG on."""
+        with self._lock:
+            snapshot = self._snapshot
+        return snapshot is not None and snapshot.config.dra.enabled and snapshot.config.dra.dynamic_mig
+
     def owners(self) -> dict[str, str]:
         """GPU UUID -> its side now, or "moving to <side>"."""
         with self._lock:
@@ -136,9 +143,11 @@ class DraMode:
         streamed to kubelet from what `_publish` reports, claims' sharing set up by `sharing` (None: a
         claim asking for sharing is refused)."""
         from nvidia_device_plugin.dra.kubelet.claims import ApiClaimSource
+        from nvidia_device_plugin.dra.kubelet.dynamic_mig import DynamicMig, NvmlMigControl
         from nvidia_device_plugin.dra.kubelet.plugin import DraKubeletPlugin
 
         plugins_dir = self.options.kubelet_plugins_dir
+        nvml = self._nvml
         return DraKubeletPlugin(
             plugins_dir=plugins_dir,
             registry_dir=self.options.kubelet_registry_dir,
@@ -147,7 +156,19 @@ class DraMode:
             cdi_spec_dir=cdi_spec_dir,
             checkpoint_path=self._checkpoint_path,
             sharing=sharing,
+            dynamic_mig=DynamicMig(NvmlMigControl(nvml), self.on_gpu_changed) if nvml is not None else None,
         )
+
+    def on_gpu_changed(self, gpu: Gpu) -> None:
+        """A GPU read again after dynamic MIG made or destroyed a MIG device on it: the slices and the
+        kubelet plugin's view take its MIG state now (the daemon's next reload reads every GPU anyway)."""
+        from nvidia_device_plugin.dra.kubelet.dynamic_mig import with_gpu
+
+        with self._lock:
+            if self._snapshot is None:
+                return
+            self._snapshot = replace(self._snapshot, inventory=with_gpu(self._snapshot.inventory, gpu))
+        self._publish()
 
     def node_view(self) -> NodeDevices | None:
         """The node as the kubelet plugin's prepare sees it now; None before the first snapshot (or

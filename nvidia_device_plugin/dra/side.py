@@ -55,6 +55,15 @@ class DraSide:
             from nvidia_device_plugin.dra.ownership import wanted_owners
 
             wanted_owners(snapshot.inventory, snapshot.config.dra)  # a GPU ref this node lacks is refused
+        turned_off = not (snapshot.config.dra.enabled and snapshot.config.dra.dynamic_mig)
+        was_on = self.mode is not None and self.mode.dynamic_mig()
+        made = self.mode.kubelet.made_mig() if self.mode is not None and was_on and turned_off else {}
+        if made:  # what made them must stay on to destroy them at unprepare
+            claims = "; ".join(f"{label}: {', '.join(uuids)}" for label, uuids in sorted(made.items()))
+            raise ConfigError(
+                f"dra.dynamicMig cannot be turned off while claims hold MIG devices it made ({claims}); "
+                "delete their pods first"
+            )
         return snapshot
 
     def enable(self, snapshot: Snapshot, nvml: NvmlSession | None) -> list[Worker]:

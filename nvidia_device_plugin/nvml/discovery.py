@@ -90,6 +90,17 @@ def discover(nv: NvmlApi, sysfs_root: Path = Path("/sys"), proc_root: Path | Non
     )
 
 
+def rediscover_gpu(
+    nv: NvmlApi, index: int, sysfs_root: Path = Path("/sys"), proc_root: Path | None = None
+) -> Gpu | None:
+    """GPU `index` read again on its own, as `discover` reads each GPU (its links to other GPUs are not
+    read): what a MIG change on it needs seen, without reading every GPU. None when it cannot be read."""
+    reader = Reader(nv)
+    host = _Host(sysfs_root, proc_root, read_mig_minors(proc_root) if proc_root is not None else {})
+    read = _read_gpu(reader, index, host)
+    return None if read is None else read[0]
+
+
 @dataclass
 class _Progress:
     """What a GPU's reading had got to: what is served of it when a call on it gets stuck."""

@@ -11,6 +11,11 @@ boot is dropped as a whole, and the claims it held are returned for their specs 
 cannot be read or decoded is set aside as `<name>.corrupt` and the plugin starts empty: a claim it then
 lacks is prepared again from the API, and its spec is found by name on unprepare.
 
+A claim allocated dynamic-MIG placements also lists each MIG device made for it (`migInstances`, a
+MigRecord each): "creating" is written before NVML is asked to make it, "made" (with its GPU and compute
+instance IDs and UUID) once it exists, so a daemon stopped in between finds what it may have made
+(dra/kubelet/dynamic_mig.py adopts or drops it at start).
+
 Reads are bounded (MAX_CHECKPOINT_BYTES) and never block: O_NONBLOCK, a regular file only.
 """
 
@@ -38,9 +43,30 @@ MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
 _MAX_BOOT_ID_BYTES = 256
 CHECKPOINT_FILE_MODE = 0o600  # names the node's claims; nobody else needs to read it
 
+MigState = Literal["creating", "made"]
+CREATING: MigState = "creating"
+MADE: MigState = "made"
+
 State = Literal["PrepareStarted", "PrepareCompleted"]
 STARTED: State = "PrepareStarted"
 COMPLETED: State = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class MigRecord:
+    """A MIG device made (or being made) for a claim at a dynamic-MIG placement: where, and what NVML made."""
+
+    device: str  # the DRA device name of the placement, "gpu-0-mig-1g10gb-19-6"
+    gpu_uuid: str
+    gpu_index: int  # NVML's index (stable within a boot; the checkpoint does not outlive one)
+    profile: str  # "1g.10gb"
+    gi_profile_id: int  # NVML's GPU-instance profile ID
+    start: int  # first memory slice of the placement
+    size: int  # memory slices
+    state: MigState
+    gi_id: int = -1  # GPU instance ID, once made
+    ci_id: int = -1  # compute instance ID, once made
+    mig_uuid: str = ""  # "MIG-...", once made
 
 
 @dataclass(frozen=True)
@@ -51,6 +77,7 @@ class Entry:
     state: State
     devices: tuple[PreparedDevice, ...] = ()
     sharing: tuple[PreparedSharing, ...] = ()  # what its opaque config set up, per GPU
+    mig: tuple[MigRecord, ...] = ()  # the MIG devices made for it (dynamic MIG)
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
@@ -135,7 +162,7 @@ def _set_aside(path: Path, problem: Exception) -> None:
 
 
 def _encode_entry(entry: Entry) -> dict[str, Any]:
-    return {
+    encoded = {
         "namespace": entry.ref.namespace,
         "name": entry.ref.name,
         "state": entry.state,
@@ -159,6 +186,37 @@ def _encode_entry(entry: Entry) -> dict[str, Any]:
             for s in entry.sharing
         ],
     }
+    if entry.mig:  # only a dynamic-MIG claim's entry has the key: the others read as before
+        encoded["migInstances"] = [_encode_mig(m) for m in entry.mig]
+    return encoded
+
+
+def _encode_mig(record: MigRecord) -> dict[str, Any]:
+    return {
+        "device": record.device,
+        "gpuUUID": record.gpu_uuid,
+        "gpuIndex": record.gpu_index,
+        "profile": record.profile,
+        "giProfileID": record.gi_profile_id,
+        "placementStart": record.start,
+        "placementSize": record.size,
+        "state": record.state,
+        "giID": record.gi_id,
+        "ciID": record.ci_id,
+        "migUUID": record.mig_uuid,
+    }
+
+
+def _decode_mig(raw: Any) -> MigRecord:
+    state = raw["state"]
+    if state not in (CREATING, MADE):
+        raise TypeError(f"unknown MIG instance state {state!r}")
+    numbers = [raw[k] for k in ("gpuIndex", "giProfileID", "placementStart", "placementSize", "giID", "ciID")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+        raise TypeError("a MIG instance's index, profile ID, placement or instance IDs are not integers")
+    index, profile_id, start, size, gi_id, ci_id = numbers
+    text = [_text(raw[k]) for k in ("device", "gpuUUID", "profile", "migUUID")]
+    return MigRecord(text[0], text[1], index, text[2], profile_id, start, size, state, gi_id, ci_id, text[3])
 
 
 def _decode(document: Any) -> tuple[str, dict[str, Entry]]:
@@ -185,9 +243,10 @@ def _decode(document: Any) -> tuple[str, dict[str, Entry]]:
                 for d in raw["devices"]
             )
             sharing = tuple(map(_decode_sharing, raw.get("sharing", [])))  # absent before opaque config
+            mig = tuple(map(_decode_mig, raw.get("migInstances", [])))  # absent before dynamic MIG
         except (KeyError, TypeError) as exc:
             raise ValueError(f"claim {uid!r}: {exc!r}") from None
-        entries[uid] = Entry(ref, state, devices, sharing)
+        entries[uid] = Entry(ref, state, devices, sharing, mig)
     return boot_id, entries
 
 

@@ -21,6 +21,7 @@ from nvidia_device_plugin.dra.kubelet.cdispec import remove_claim_spec
 from nvidia_device_plugin.dra.kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, read_boot_id
 from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing
 from nvidia_device_plugin.dra.kubelet.claims import ClaimSource
+from nvidia_device_plugin.dra.kubelet.dynamic_mig import DynamicMig
 from nvidia_device_plugin.dra.kubelet.health_stream import MAX_STREAMS as MAX_HEALTH_STREAMS
 from nvidia_device_plugin.dra.kubelet.health_stream import RESEND_INTERVAL_S, HealthFeed, health_handlers
 from nvidia_device_plugin.dra.kubelet.health_stream import SERVICES as HEALTH_SERVICES
@@ -81,6 +82,8 @@ class DraKubeletPlugin(Worker):
       `health_resend_interval_s`: how often an open stream repeats an unchanged state.
     * `sharing`: what sets up the sharing claims' opaque configs ask for (claim_sharing.ClaimSharing: time-
       slices, per-claim MPS control daemons); None refuses such claims.
+    * `dynamic_mig`: makes and destroys the MIG devices of claims allocated dynamic-MIG placements, and
+      adopts those made before a restart (dynamic_mig.DynamicMig); None refuses such claims.
     * `driver_name`, `versions` (most preferred first), `check_interval_s`: defaults as kubelet expects.
 
     start() (from Worker) reads the boot ID and the checkpoint and binds both sockets before it returns;
@@ -104,6 +107,7 @@ class DraKubeletPlugin(Worker):
         health_feed: HealthFeed | None = None,
         health_resend_interval_s: float = RESEND_INTERVAL_S,
         sharing: ClaimSharing | None = None,
+        dynamic_mig: DynamicMig | None = None,
     ) -> None:
         super().__init__("dra-kubelet-plugin")
         self.driver_name = driver_name
@@ -119,6 +123,7 @@ class DraKubeletPlugin(Worker):
         self.health_feed = health_feed if health_feed is not None else HealthFeed()
         self._health_resend_interval_s = health_resend_interval_s
         self._sharing = sharing
+        self._dynamic_mig = dynamic_mig
         self._failures = FailureLog(log)
         self._state = RegistrationState(driver_name)
         self._preparer: ClaimPreparer | None = None
@@ -142,7 +147,13 @@ class DraKubeletPlugin(Worker):
             except DraError as exc:  # said now; every prepare that cannot record its claim says it again
                 log.error("%s", exc)
         preparer = ClaimPreparer(
-            self.driver_name, self._claims, self._node, self._spec_dir, checkpoint, self._sharing
+            self.driver_name,
+            self._claims,
+            self._node,
+            self._spec_dir,
+            checkpoint,
+            self._sharing,
+            self._dynamic_mig,
         )
         self._preparer = preparer
         self._endpoint_server = UnixServer(
@@ -221,6 +232,10 @@ class DraKubeletPlugin(Worker):
     def prepared(self) -> dict[str, tuple[str, ...]]:
         """The device names of each claim prepared on this node, by claim UID (empty before start)."""
         return {} if self._preparer is None else self._preparer.prepared()
+
+    def made_mig(self) -> dict[str, tuple[str, ...]]:
+        """The MIG devices made for claims on this node (dynamic MIG), by claim label (empty before start)."""
+        return {} if self._preparer is None else self._preparer.made_mig()
 
     # ---- the sockets ----------------------------------------------------------------------------
 

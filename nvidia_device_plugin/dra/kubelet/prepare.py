@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from nvidia_device_plugin.base.logs import FailureLog
@@ -29,7 +30,7 @@ from nvidia_device_plugin.dra.kubelet.cdispec import (
     remove_claim_spec,
     write_claim_spec,
 )
-from nvidia_device_plugin.dra.kubelet.checkpoint import COMPLETED, STARTED, Checkpoint, Entry
+from nvidia_device_plugin.dra.kubelet.checkpoint import COMPLETED, MADE, STARTED, Checkpoint, Entry, MigRecord
 from nvidia_device_plugin.dra.kubelet.claim_sharing import (
     ClaimSharing,
     GpuHolder,
@@ -38,6 +39,7 @@ from nvidia_device_plugin.dra.kubelet.claim_sharing import (
     refuse_conflicts,
 )
 from nvidia_device_plugin.dra.kubelet.claims import AllocationResult, ClaimSource, allocation_of
+from nvidia_device_plugin.dra.kubelet.dynamic_mig import DynamicMig, unmade
 from nvidia_device_plugin.dra.kubelet.model import (
     ClaimError,
     ClaimOutcome,
@@ -58,7 +60,9 @@ _MAX_REMEMBERED_FAILURES = 1024  # refusals kept for log-once; beyond that the l
 class ClaimPreparer:
     """Prepares claims for driver `driver` from `claims` (the API), `node` (the devices now) and the
     checkpoint; specs go to `spec_dir`. `sharing` sets up what claims' opaque configs ask (time-slices, MPS
-    control daemons); without it, a claim whose config asks for sharing is refused."""
+    control daemons); without it, a claim whose config asks for sharing is refused. `dynamic_mig` makes the
+    MIG devices of claims allocated dynamic-MIG placements (dra/kubelet/dynamic_mig.py); without it, such a
+    claim is refused."""
 
     def __init__(
         self,
@@ -68,6 +72,7 @@ class ClaimPreparer:
         spec_dir: Path,
         checkpoint: Checkpoint,
         sharing: ClaimSharing | None = None,
+        dynamic_mig: DynamicMig | None = None,
     ) -> None:
         self._driver = driver
         self._claims = claims
@@ -80,6 +85,27 @@ class ClaimPreparer:
         self._sharing = sharing
         if sharing is not None:  # the control daemons of claims prepared before a restart: adopted
             sharing.resume((uid, entry.sharing) for uid, entry in checkpoint if entry.sharing)
+        self._dynamic_mig = dynamic_mig
+        if dynamic_mig is not None:
+            self._adopt_mig(dynamic_mig)
+
+    def _adopt_mig(self, dynamic_mig: DynamicMig) -> None:
+        """The MIG devices made for claims before a restart: kept where they still are (dynamic_mig.py). A
+        completed claim that lost one is made "started", so kubelet's next prepare of it makes it again."""
+        with self._lock:
+            claims = [(entry.ref, entry.mig) for _, entry in self._checkpoint if entry.mig]
+            if not claims:
+                return
+            for uid, records in dynamic_mig.adopt(claims).items():
+                entry = self._checkpoint.get(uid)
+                if entry is not None and records != entry.mig:
+                    lost = len({r.device for r in entry.mig if r.state == MADE} - {r.device for r in records})
+                    state = STARTED if lost else entry.state
+                    self._checkpoint.put(uid, replace(entry, state=state, mig=records))
+            try:
+                self._checkpoint.save()
+            except DraError as exc:  # said now; the next prepare or unprepare that records says it again
+                log.error("%s", exc)
 
     def close(self) -> None:
         """Stop supervising claims' control daemons (they keep running for a successor to adopt)."""
@@ -106,6 +132,15 @@ class ClaimPreparer:
         """The device names of every claim prepared (or being prepared) here, by claim UID."""
         with self._lock:
             return {uid: tuple(d.device for d in entry.devices) for uid, entry in self._checkpoint}
+
+    def made_mig(self) -> dict[str, tuple[str, ...]]:
+        """The MIG devices made for claims here (dynamic MIG): their UUIDs by claim label."""
+        with self._lock:
+            return {
+                e.ref.label: tuple(r.mig_uuid or r.device for r in e.mig)
+                for _, e in self._checkpoint
+                if e.mig
+            }
 
     # ---- one claim -------------------------------------------------------------------------------
 
@@ -147,13 +182,22 @@ class ClaimPreparer:
                 "its opaque config asks for sharing, which this plugin was started without (no time-slice "
                 "control or MPS root); remove the config from the claim or its DeviceClass"
             )
+        if any(map(unmade, devices)) and self._dynamic_mig is None:
+            names = ", ".join(d.name for d in devices if unmade(d))
+            raise ClaimError(
+                f"{names}: dynamic-MIG placement(s), whose MIG devices this plugin does not make (it was "
+                "started without MIG management)"
+            )
         prepared = _prepared_devices(ref.uid, allocation.results)
-        self._record_started(Entry(ref, STARTED, prepared, sharing), node)
+        made_before = entry.mig if entry is not None else ()
+        self._record_started(Entry(ref, STARTED, prepared, sharing, made_before), node)
+        if any(map(unmade, devices)):
+            devices, node = self._make_mig(ref, devices, node)
         self._set_up(ref, sharing)
         if devices:
             extra = mps_edits(self._sharing.mps_root, ref.uid, sharing) if self._sharing else None
             write_claim_spec(self._spec_dir, claim_spec(ref.uid, devices, node, extra))
-        self._record(ref.uid, Entry(ref, COMPLETED, prepared, sharing))
+        self._record(ref.uid, Entry(ref, COMPLETED, prepared, sharing, self._mig_of(ref.uid)))
         log.info(
             "prepared %s: %s%s",
             ref.label,
@@ -191,7 +235,60 @@ class ClaimPreparer:
                 self._checkpoint.save()
             raise
 
+    def _make_mig(
+        self, ref: ClaimRef, devices: Sequence[DraDevice], node: NodeDevices
+    ) -> tuple[list[DraDevice], NodeDevices]:
+        """`devices` with the MIG devices of their placements made; on failure the claim is forgotten
+        unless a record of something made for it remains (its unprepare destroys that)."""
+        if self._dynamic_mig is None:  # a bug: _prepare checks before recording the claim
+            raise ClaimError("no MIG management")
+        try:
+            return self._dynamic_mig.make(
+                ref, devices, node, self._mig_of(ref.uid), self._mig_saver(ref.uid), self._mig_owners(ref.uid)
+            )
+        except DraError:
+            with self._lock:
+                entry = self._checkpoint.get(ref.uid)
+                if entry is not None and not entry.mig:
+                    self._checkpoint.pop(ref.uid)
+                    self._checkpoint.save()
+            raise
+
+    def _mig_of(self, uid: str) -> tuple[MigRecord, ...]:
+        with self._lock:
+            entry = self._checkpoint.get(uid)
+            return entry.mig if entry is not None else ()
+
+    def _mig_saver(self, uid: str) -> Callable[[tuple[MigRecord, ...]], None]:
+        """Saves claim `uid`'s MIG records into its entry (DraError, the entry as it was, when it cannot)."""
+
+        def save(records: tuple[MigRecord, ...]) -> None:
+            with self._lock:
+                entry = self._checkpoint.get(uid)
+                if entry is not None:
+                    self._record(uid, replace(entry, mig=records))
+
+        return save
+
+    def _mig_owners(self, uid: str) -> dict[str, str]:
+        """MIG UUID -> the label of the claim (not `uid`) that made it."""
+        with self._lock:
+            return {
+                r.mig_uuid: e.ref.label
+                for u, e in self._checkpoint
+                if u != uid
+                for r in e.mig
+                if r.state == MADE
+            }
+
     def _unprepare(self, ref: ClaimRef) -> None:
+        records = self._mig_of(ref.uid)
+        if records:  # destroyed first: while one is in use, the claim keeps its spec and entry for the retry
+            if self._dynamic_mig is None:
+                raise ClaimError(
+                    "it holds MIG devices made for it, and this plugin runs without MIG management"
+                )
+            self._dynamic_mig.release(ref, records, self._mig_saver(ref.uid), self._mig_owners(ref.uid))
         removed = remove_claim_spec(self._spec_dir, ref.uid)
         if self._sharing is not None:
             self._sharing.release(ref.uid)  # its control daemon, if it has one

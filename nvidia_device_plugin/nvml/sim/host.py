@@ -121,6 +121,15 @@ def _pci_device_dir(sysfs_root: Path, pci_bus_id: str) -> Path:
     return device
 
 
+def add_mig_capabilities(host: HostPaths, minor: int, gi: int, ci: int) -> None:
+    """The capability files of a MIG device made at run time, as the driver makes its /proc ones and
+    nvidia-modprobe (or nvidia-ctk) its /dev/nvidia-caps nodes."""
+    gi_dir = host.proc_root / "driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
+    dev = host.dev_root / "dev"
+    _capability(gi_dir / "access", gi_cap_minor(minor, gi), dev)
+    _capability(gi_dir / f"ci{ci}" / "access", ci_cap_minor(minor, gi, ci), dev)
+
+
 def _capability(access: Path, cap_minor: int, dev: Path) -> None:
     access.parent.mkdir(parents=True, exist_ok=True)
     # The driver's format; DeviceFileMode 292 is 0444.

@@ -28,7 +28,7 @@ from nvidia_device_plugin.nvml.api import (
     GpuInstanceHandle,
 )
 from nvidia_device_plugin.nvml.sim.gi_profiles import GiProfile, profile_by_id, profile_of, profile_template
-from nvidia_device_plugin.nvml.sim.host import mig_instance_ids
+from nvidia_device_plugin.nvml.sim.host import add_mig_capabilities, gpu_minor, mig_instance_ids
 from nvidia_device_plugin.nvml.sim.mig import instance_placement, sms_per_slice
 from nvidia_device_plugin.nvml.sim.node import GpuSpec, MigSpec
 from nvidia_device_plugin.nvml.sim.state import (
@@ -203,6 +203,8 @@ class MigManagement(SimulatorState):
             )
             del self._bare(gpu)[gi_id]
             self._put_gpu(replace(gpu, mig=tuple(sorted((*gpu.mig, made), key=lambda m: m.slot))))
+            if self._host is not None:  # a materialized host: the new device's capability nodes appear
+                add_mig_capabilities(self._host, gpu_minor(gpu), gi_id, 0)
         return self._ci_handle(gpu, gi_id, 0)
 
     @pynvml_function
