@@ -27,11 +27,11 @@ from nvidia_device_plugin.plugin.registrar import (
     Registrar,
     RegistrarHooks,
     RegistrarSettings,
-    inode,
+    socket_identity,
     waiting_for_kubelet,
 )
 from nvidia_device_plugin.plugin.registration import REGISTER_TIMEOUT_SECONDS
-from nvidia_device_plugin.plugin.registration_state import Backoff, RegistrationState
+from nvidia_device_plugin.plugin.registration_state import Backoff, KubeletSocketId, RegistrationState
 from nvidia_device_plugin.plugin.server import ResourceBackend, ResourceServer
 from nvidia_device_plugin.plugin.streams import log as streams_log
 from nvidia_device_plugin.plugin.unix_server import BindError
@@ -249,7 +249,7 @@ class PluginManager:
 
     def _on_path_event(self, path: Path, kind: str) -> None:
         if path == self.kubelet_socket and kind in ("created", "moved"):
-            self._kubelet_restarted(f"kubelet socket {path} created", inode(path))
+            self._kubelet_restarted(f"kubelet socket {path} created", socket_identity(path))
             return
         if kind == "deleted":
             for name, server in self._state.servers().items():
@@ -264,7 +264,7 @@ class PluginManager:
         if delay is not None:
             log.info("registering %s again%s, so that kubelet opens a new stream", name, _after(delay))
 
-    def _kubelet_restarted(self, why: str, kubelet_inode: int | None = None) -> None:
+    def _kubelet_restarted(self, why: str, kubelet_inode: KubeletSocketId | None = None) -> None:
         """A new kubelet; with `kubelet_inode` (of its socket), unless the registrar found it first."""
         if kubelet_inode is None:
             self._state.kubelet_restarted()

@@ -24,7 +24,7 @@ from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.plugin.events import PluginEvents
 from nvidia_device_plugin.plugin.registration import RegistrationError, register
-from nvidia_device_plugin.plugin.registration_state import Registration, RegistrationState
+from nvidia_device_plugin.plugin.registration_state import KubeletSocketId, Registration, RegistrationState
 from nvidia_device_plugin.plugin.server import ResourceServer
 
 # The registrar speaks for the manager: its lines come from the manager's logger, as they always have.
@@ -34,11 +34,13 @@ KUBELET = "kubelet"  # FailureLog key of a missing kubelet socket
 _REGISTRAR = "registrar"  # FailureLog key of an unexpected registrar failure
 
 
-def inode(path: Path) -> int | None:
+def socket_identity(path: Path) -> KubeletSocketId | None:
+    """Which socket is at `path` now (see KubeletSocketId); None when there is none."""
     try:
-        return path.stat().st_ino
+        status = path.stat()
     except OSError:
         return None
+    return status.st_ino, status.st_ctime_ns
 
 
 def waiting_for_kubelet(failures: FailureLog, kubelet_socket: Path) -> None:
@@ -122,7 +124,10 @@ class Registrar(Worker):
         for name, server in servers.items():
             if not server.socket_intact():
                 self._s.socket_lost(name)
-        if registered_with is not None and inode(self._c.kubelet_socket) not in (None, registered_with):
+        if registered_with is not None and socket_identity(self._c.kubelet_socket) not in (
+            None,
+            registered_with,
+        ):
             self._h.kubelet_restarted(f"kubelet socket {self._c.kubelet_socket} replaced")
 
     def _rebind_sockets(self) -> bool:
@@ -145,7 +150,7 @@ class Registrar(Worker):
 
     def _register_pending(self, stop: threading.Event) -> bool:
         """Try every pending registration that is due; True when none is left pending."""
-        kubelet_inode = inode(self._c.kubelet_socket)
+        kubelet_inode = socket_identity(self._c.kubelet_socket)
         due = self._s.due(kubelet_inode)
         if not due.now:
             return not due.rebinding
@@ -181,7 +186,7 @@ class Registrar(Worker):
         server.streams.registered()
         return True
 
-    def _accepted(self, registration: Registration[ResourceServer], kubelet_inode: int) -> None:
+    def _accepted(self, registration: Registration[ResourceServer], kubelet_inode: KubeletSocketId) -> None:
         """Kubelet accepted `registration`: recorded and said, unless it is stale by now."""
         if not self._s.accepted(registration, kubelet_inode):
             return

@@ -32,6 +32,11 @@ STABLE_STREAM_S = 10.0
 REGISTER_SETTLE_S = 0.5
 
 
+# Which kubelet.sock: its inode and the time it was made (st_ctime_ns). A restarted kubelet's new socket
+# often gets the old one's inode back (tmpfs reuses them at once), so the inode alone cannot tell them apart.
+KubeletSocketId = tuple[int, int]
+
+
 @dataclass(frozen=True)
 class Backoff:
     """How registration after lost kubelet streams is paced."""
@@ -84,8 +89,8 @@ class RegistrationState(Generic[S]):
         self._losses: dict[str, int] = {}  # kubelet streams lost in a row, short-lived
         # When each resource's last kubelet stream ended (by our stop too); kept while the same kubelet runs.
         self._stream_ended: dict[str, float] = {}
-        self._kubelet_inode: int | None = None  # of the kubelet.sock last registered with
-        self._registering_with: int | None = None  # of the kubelet.sock the last registrations went to
+        self._kubelet_inode: KubeletSocketId | None = None  # of the kubelet.sock last registered with
+        self._registering_with: KubeletSocketId | None = None  # the kubelet.sock last registered to
         self._next_due: float | None = None  # the earliest deferred registration is due then
 
     # ---- what the manager says -----------------------------------------------------------------
@@ -153,7 +158,7 @@ class RegistrationState(Generic[S]):
             self._restarted()
         self.wake()
 
-    def kubelet_socket_created(self, kubelet_inode: int | None) -> bool:
+    def kubelet_socket_created(self, kubelet_inode: KubeletSocketId | None) -> bool:
         """kubelet.sock (of `kubelet_inode`) was created: a new kubelet (True), unless it is the kubelet
         registered with or being registered with already, which the registrar found first (False, nothing
         done). Registering with that kubelet again would make it replace its client of each resource, and
@@ -204,7 +209,7 @@ class RegistrationState(Generic[S]):
         with self._lock:
             return dict(self._servers)
 
-    def to_check(self) -> tuple[dict[str, S], int | None]:
+    def to_check(self) -> tuple[dict[str, S], KubeletSocketId | None]:
         """The servers whose socket is believed intact, and the inode of the kubelet.sock registered with."""
         with self._lock:
             intact = {n: s for n, s in self._servers.items() if n not in self._rebind}
@@ -219,7 +224,7 @@ class RegistrationState(Generic[S]):
         with self._lock:
             self._rebind.discard(name)
 
-    def due(self, kubelet_inode: int | None) -> Due[S]:
+    def due(self, kubelet_inode: KubeletSocketId | None) -> Due[S]:
         """The registrations to send now to the kubelet whose socket has `kubelet_inode`. Not before kubelet's
         client of a resource's previous stream has looked up whom to disconnect (kubelet's disconnect race;
         not waited for with a new kubelet), nor before a backoff ends; the earliest later one wakes `wait`."""
@@ -235,7 +240,7 @@ class RegistrationState(Generic[S]):
                 self._registering_with = kubelet_inode
             return Due(todo, bool(self._rebind))
 
-    def accepted(self, registration: Registration[S], kubelet_inode: int) -> bool:
+    def accepted(self, registration: Registration[S], kubelet_inode: KubeletSocketId) -> bool:
         """Kubelet accepted `registration`: recorded (True), unless it is stale by now."""
         name = registration.name
         with self._lock:

@@ -11,7 +11,11 @@ test_stream_race.py's restart test on a loaded machine).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from test_registration_state import KUBELET, OTHER_KUBELET, register_all, state_with
+
+from nvidia_device_plugin.plugin.registrar import socket_identity
 
 
 def test_the_socket_of_the_kubelet_being_registered_with_is_not_a_restart() -> None:
@@ -46,3 +50,21 @@ def test_a_socket_gone_again_before_it_was_looked_at_is_a_restart() -> None:
     register_all(state)
     assert state.kubelet_socket_created(None)
     assert state.registered() == set()
+
+
+def test_a_new_socket_on_the_old_inode_is_a_restart() -> None:
+    # tmpfs hands a restarted kubelet's socket the inode its last one had (seen: 100 restarts in
+    # tests/daemon/test_robustness.py lost re-registration when sockets were told apart by inode alone).
+    state, _ = state_with("a")
+    register_all(state)
+    reused = (KUBELET[0], KUBELET[1] + 1)  # same inode, made later
+    assert state.kubelet_socket_created(reused)
+    assert state.registered() == set()
+
+
+def test_a_socket_is_told_by_its_inode_and_the_time_it_was_made(tmp_path: Path) -> None:
+    path = tmp_path / "kubelet.sock"
+    assert socket_identity(path) is None
+    path.touch()
+    status = path.stat()
+    assert socket_identity(path) == (status.st_ino, status.st_ctime_ns)

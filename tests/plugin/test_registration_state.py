@@ -14,8 +14,8 @@ from nvidia_device_plugin.plugin.registration_state import (
     RegistrationState,
 )
 
-KUBELET = 7  # inode of the kubelet.sock registered with
-OTHER_KUBELET = 8
+KUBELET = (7, 1)  # inode and ctime of the kubelet.sock registered with
+OTHER_KUBELET = (8, 2)
 
 
 class Clock:
