@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import importlib
 import logging
 import os
 import sys
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING, NoReturn
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.base.logs import configure_logging
-from nvidia_device_plugin.cli import check_config, demo, dra, labels, mps_control, plan, run
 from nvidia_device_plugin.cli.common import AddParser, Command, DefaultsHelpFormatter, preset_names
 from nvidia_device_plugin.cli.run import DEFAULT_PLUGIN_DIR
 
@@ -58,15 +58,30 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-# Each command's parser, in the order `--help` lists them.
+def _imported(module: str) -> Callable[[AddParser, Mapping[str, str]], None]:
+    """The `add_parser` of `nvidia_device_plugin.cli.<module>`, importing that module only when called."""
+
+    def add_parser(add: AddParser, environ: Mapping[str, str]) -> None:
+        command = importlib.import_module(f"nvidia_device_plugin.cli.{module}")
+        if module == "check_config":
+            command.add_parser(add)
+        else:
+            command.add_parser(add, environ)
+
+    return add_parser
+
+
+# Each command's parser, in the order `--help` lists them. A command's module is imported only when its
+# parser is built, so `run` starts without loading the other commands (plan's and demo's printers, the
+# MPS control daemon, check-config).
 _ADD_PARSER: dict[str, Callable[[AddParser, Mapping[str, str]], None]] = {
-    "run": run.add_parser,
-    "mps-control-daemon": mps_control.add_parser,
-    "demo": demo.add_parser,
-    "plan": plan.add_parser,
-    "labels": labels.add_parser,
-    "check-config": lambda add, environ: check_config.add_parser(add),
-    "dra": dra.add_parser,
+    "run": _imported("run"),
+    "mps-control-daemon": _imported("mps_control"),
+    "demo": _imported("demo"),
+    "plan": _imported("plan"),
+    "labels": _imported("labels"),
+    "check-config": _imported("check_config"),
+    "dra": _imported("dra"),
 }
 _HELP_OR_VERSION = frozenset(("-h", "--help", "--version"))
 

@@ -55,7 +55,8 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
 )
 # What a plain `run` (no CDI strategy, --labels-file, config file, MIG device or --simulate-events) never
 # imports (issue 28's start-up target): the CDI node scan, the label pipeline, the config-file watch,
-# decimal (MIG memory sizes) and the simulated events feeder.
+# decimal (MIG memory sizes), the simulated events feeder, the other commands' modules, and hashlib
+# (OpenSSL's `_hashlib`: the simulator's UUIDs are made without it).
 NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.cdi.spec",
     "nvidia_device_plugin.cdi.edits",
@@ -67,6 +68,12 @@ NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.config.watch",
     "decimal",
     "nvidia_device_plugin.nvml.sim.events",
+    "nvidia_device_plugin.cli.demo",
+    "nvidia_device_plugin.cli.plan",
+    "nvidia_device_plugin.cli.check_config",
+    "nvidia_device_plugin.cli.mps_control",
+    "hashlib",
+    "_hashlib",
 )
 DRA_MODULES_RUN_MAY_LOAD = (
     "nvidia_device_plugin.dra",
