@@ -14,7 +14,6 @@ A word that is no command gets a "did you mean" (`plna`), and so does a command 
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import importlib
 import logging
@@ -49,6 +48,8 @@ class _Parser(argparse.ArgumentParser):
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             hints = []
+            import difflib  # here: only a usage error needs it, not every start of the daemon
+
             for word in message.removeprefix(prefix).split():
                 close = difflib.get_close_matches(word.split("=")[0], self.options, n=1)
                 if word.startswith("--") and close:
@@ -182,6 +183,8 @@ def with_command(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[s
                 return list(argv)
             moved = " ".join([token, *argv[:i], *argv[i + 1 :]])
             parser.error(f"options go after the command: did you mean 'nvidia-device-plugin {moved}'?")
+        import difflib  # here: only a usage error needs it, not every start of the daemon
+
         close = difflib.get_close_matches(token, commands, n=1)
         hint = f"did you mean {close[0]}?" if close else f"the commands are {', '.join(COMMANDS)}"
         parser.error(f"{token!r} is not a command ({hint}); without a command, run is meant")

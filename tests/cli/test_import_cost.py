@@ -55,7 +55,7 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
 )
 # What a plain `run` (no CDI strategy, --labels-file, config file, MIG device or --simulate-events) never
 # imports (issue 28's start-up target): the CDI node scan, the label pipeline, the config-file watch,
-# decimal (MIG memory sizes), the simulated events feeder, the other commands' modules, and hashlib
+# decimal (MIG memory sizes), the simulated events feeder, the other commands' modules, difflib (usage errors' hints), and hashlib
 # (OpenSSL's `_hashlib`: the simulator's UUIDs are made without it).
 NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.cdi.spec",
@@ -74,6 +74,7 @@ NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.cli.mps_control",
     "hashlib",
     "_hashlib",
+    "difflib",
 )
 DRA_MODULES_RUN_MAY_LOAD = (
     "nvidia_device_plugin.dra",
