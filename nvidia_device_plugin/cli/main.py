@@ -14,8 +14,8 @@ A word that is no command gets a "did you mean" (`plna`), and so does a command 
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
+import importlib
 import logging
 import os
 import sys
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, NoReturn
 from nvidia_device_plugin import __version__
 from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.base.logs import configure_logging
-from nvidia_device_plugin.cli import check_config, demo, dra, labels, mps_control, plan, run
 from nvidia_device_plugin.cli.common import AddParser, Command, DefaultsHelpFormatter, preset_names
 from nvidia_device_plugin.cli.run import DEFAULT_PLUGIN_DIR
 
@@ -49,6 +48,8 @@ class _Parser(argparse.ArgumentParser):
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             hints = []
+            import difflib  # here: only a usage error needs it, not every start of the daemon
+
             for word in message.removeprefix(prefix).split():
                 close = difflib.get_close_matches(word.split("=")[0], self.options, n=1)
                 if word.startswith("--") and close:
@@ -58,15 +59,30 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-# Each command's parser, in the order `--help` lists them.
+def _imported(module: str) -> Callable[[AddParser, Mapping[str, str]], None]:
+    """The `add_parser` of `nvidia_device_plugin.cli.<module>`, importing that module only when called."""
+
+    def add_parser(add: AddParser, environ: Mapping[str, str]) -> None:
+        command = importlib.import_module(f"nvidia_device_plugin.cli.{module}")
+        if module == "check_config":
+            command.add_parser(add)
+        else:
+            command.add_parser(add, environ)
+
+    return add_parser
+
+
+# Each command's parser, in the order `--help` lists them. A command's module is imported only when its
+# parser is built, so `run` starts without loading the other commands (plan's and demo's printers, the
+# MPS control daemon, check-config).
 _ADD_PARSER: dict[str, Callable[[AddParser, Mapping[str, str]], None]] = {
-    "run": run.add_parser,
-    "mps-control-daemon": mps_control.add_parser,
-    "demo": demo.add_parser,
-    "plan": plan.add_parser,
-    "labels": labels.add_parser,
-    "check-config": lambda add, environ: check_config.add_parser(add),
-    "dra": dra.add_parser,
+    "run": _imported("run"),
+    "mps-control-daemon": _imported("mps_control"),
+    "demo": _imported("demo"),
+    "plan": _imported("plan"),
+    "labels": _imported("labels"),
+    "check-config": _imported("check_config"),
+    "dra": _imported("dra"),
 }
 _HELP_OR_VERSION = frozenset(("-h", "--help", "--version"))
 
@@ -167,6 +183,8 @@ def with_command(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[s
                 return list(argv)
             moved = " ".join([token, *argv[:i], *argv[i + 1 :]])
             parser.error(f"options go after the command: did you mean 'nvidia-device-plugin {moved}'?")
+        import difflib  # here: only a usage error needs it, not every start of the daemon
+
         close = difflib.get_close_matches(token, commands, n=1)
         hint = f"did you mean {close[0]}?" if close else f"the commands are {', '.join(COMMANDS)}"
         parser.error(f"{token!r} is not a command ({hint}); without a command, run is meant")

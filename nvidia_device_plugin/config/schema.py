@@ -13,7 +13,6 @@ given", as they do for NVIDIA's pointer fields.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
@@ -112,6 +111,8 @@ def unknown_field(path: str, key: object, known: Sequence[str]) -> Invalid:
     child = join_path(path, key if isinstance(key, str) else show(key))
     suggestion: list[str] = []
     if isinstance(key, str):
+        import difflib  # here: only a mistaken config needs it, not every start of the daemon
+
         suggestion = [k for k in known if k.lower() == key.lower()] or difflib.get_close_matches(
             key, known, n=1
         )

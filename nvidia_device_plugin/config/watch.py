@@ -31,6 +31,7 @@ from types import TracebackType
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 
+from nvidia_device_plugin.base.digests import sha256  # not hashlib: its OpenSSL costs memory
 from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories, watching
 from nvidia_device_plugin.base.logs import FailureLog
@@ -63,9 +64,7 @@ def fingerprint(source: ConfigSource) -> Fingerprint:
         data = read_config_bytes(path)
     except ConfigError as exc:
         return (str(path), f"<unreadable: {exc}>")
-    import hashlib  # here: its OpenSSL costs start-up memory, and only a watched config needs it
-
-    return (str(path), hashlib.sha256(data).hexdigest())
+    return (str(path), sha256(data).hexdigest())
 
 
 def _describe(current: Fingerprint, source: ConfigSource) -> str:

@@ -55,7 +55,8 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
 )
 # What a plain `run` (no CDI strategy, --labels-file, config file, MIG device or --simulate-events) never
 # imports (issue 28's start-up target): the CDI node scan, the label pipeline, the config-file watch,
-# decimal (MIG memory sizes) and the simulated events feeder.
+# decimal (MIG memory sizes), the simulated events feeder, the other commands' modules, difflib (the hints
+# of usage errors), and hashlib (OpenSSL's `_hashlib`: the simulator's UUIDs are made without it).
 NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.cdi.spec",
     "nvidia_device_plugin.cdi.edits",
@@ -67,6 +68,13 @@ NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.config.watch",
     "decimal",
     "nvidia_device_plugin.nvml.sim.events",
+    "nvidia_device_plugin.cli.demo",
+    "nvidia_device_plugin.cli.plan",
+    "nvidia_device_plugin.cli.check_config",
+    "nvidia_device_plugin.cli.mps_control",
+    "hashlib",
+    "_hashlib",
+    "difflib",
 )
 DRA_MODULES_RUN_MAY_LOAD = (
     "nvidia_device_plugin.dra",
@@ -142,3 +150,27 @@ def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(
     assert sorted(loaded & set(NOT_FOR_A_PLAIN_RUN)) == []
     dra = {m for m in loaded if m == "nvidia_device_plugin.dra" or m.startswith("nvidia_device_plugin.dra.")}
     assert sorted(dra - set(DRA_MODULES_RUN_MAY_LOAD)) == []
+
+
+def test_run_with_a_watched_config_file_loads_no_hashlib(
+    plugin_dir: Path, kubelet: KubeletStandIn, config_file: Path
+) -> None:
+    # OpenSSL's `_hashlib` is about 0.5 MB of RSS (issue 28): the file's fingerprint uses CPython's SHA-256.
+    argv = ["run", "--simulate", "t4-single", "--device-plugin-path", str(plugin_dir)]
+    argv += ["--metrics-address", "", "--config-file", str(config_file)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _REPORT_MODULES, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
+        proc.send_signal(signal.SIGTERM)
+        output, errors = proc.communicate(timeout=scaled(30))
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, errors
+    loaded = _modules(output)
+    assert "nvidia_device_plugin.config.watch" in loaded  # it did watch the file
+    assert sorted(loaded & {"hashlib", "_hashlib"}) == []

@@ -39,6 +39,7 @@ from nvidia_device_plugin.nvml.sim.state import (
     _nvml_error,
     pynvml_function,
 )
+from nvidia_device_plugin.nvml.sim.uuids import name_uuid
 
 _MAX_MIG_SLOTS = 7  # nvmlDeviceGetMaxMigDeviceCount on these GPUs
 _MAX_GI_ID = 14  # the driver's GPU instance IDs run 0..14 (nvml/sim/host.py lists their capabilities)
@@ -196,7 +197,7 @@ class MigManagement(SimulatorState):
             self._made += 1
             made = replace(
                 profile_template(gpu, bare.profile, slices),
-                uuid=f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu.uuid}/{self._made}')}",
+                uuid=f"MIG-{name_uuid(_UUID_NAMESPACE, f'{gpu.uuid}/{self._made}')}",
                 slot=slot,
                 gi_id=gi_id,
                 placement=(bare.start, bare.profile.memory_slices),

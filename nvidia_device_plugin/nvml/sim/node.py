@@ -15,9 +15,11 @@ from nvidia_device_plugin.base.boundedio import read_text
 from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
 from nvidia_device_plugin.nvml.sim.placement import check_layout
+from nvidia_device_plugin.nvml.sim.uuids import name_uuid
 
 _PRESET_PACKAGE = "nvidia_device_plugin.nvml.sim.presets"
 _MAX_NODE_FILE_BYTES = 4 * 1024 * 1024
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
 _PROFILE = re.compile(
     r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb"
@@ -151,6 +153,12 @@ class NodeSpec:
     wsl: bool = False
 
 
+def _load_yaml(text: str) -> Any:
+    """`yaml.safe_load`, through libyaml's loader where PyYAML was built with it (a node file in a quarter
+    of the time); the same documents, the same errors (yaml.YAMLError)."""
+    return yaml.load(text, Loader=_SAFE_LOADER)
+
+
 def preset_names() -> list[str]:
     files = resources.files(_PRESET_PACKAGE).iterdir()
     return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
@@ -160,14 +168,14 @@ def load_node(name_or_path: str) -> NodeSpec:
     """A preset by name (`dgx-a100`) or a YAML node file by path."""
     if name_or_path in preset_names():
         text = resources.files(_PRESET_PACKAGE).joinpath(f"{name_or_path}.yaml").read_text()
-        return parse_node(yaml.safe_load(text), source=f"preset {name_or_path}")
+        return parse_node(_load_yaml(text), source=f"preset {name_or_path}")
     path = Path(name_or_path)
     if not path.is_file():
         raise ConfigError(
             f"simulated node '{name_or_path}' is neither a preset ({', '.join(preset_names())}) nor a file"
         )
     try:
-        doc = yaml.safe_load(read_text(path, _MAX_NODE_FILE_BYTES, symlinks="any"))
+        doc = _load_yaml(read_text(path, _MAX_NODE_FILE_BYTES, symlinks="any"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     except (OSError, ValueError) as exc:
@@ -249,7 +257,7 @@ def _parse_gpu(node: str, index: int, doc: Any, source: str, node_fabric: Fabric
     bus_id = str(doc.get("pci_bus_id", f"00000000:{index + 1:02X}:00.0"))
     if not _BUS_ID.match(bus_id):
         raise ConfigError(f"{source}: {where}.pci_bus_id must look like 00000000:07:00.0, got {bus_id!r}")
-    gpu_uuid = str(doc.get("uuid") or f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node}/{index}')}")
+    gpu_uuid = str(doc.get("uuid") or f"GPU-{name_uuid(_UUID_NAMESPACE, f'{node}/{index}')}")
     mig_doc = doc.get("mig")
     mig_capable = bool(doc.get("mig_capable", _MIG_CAPABLE.search(str(doc["name"])) is not None))
     profiles = mig_doc or []
@@ -357,7 +365,7 @@ def _parse_mig(gpu_uuid: str, j: int, profile: Any, total_gb: int, source: str, 
         raise ConfigError(f"{source}: {where} profile {profile} does not fit a {total_gb} GB GPU")
     return MigSpec(
         profile=str(profile),
-        uuid=f"MIG-{uuid.uuid5(_UUID_NAMESPACE, f'{gpu_uuid}/{j}')}",
+        uuid=f"MIG-{name_uuid(_UUID_NAMESPACE, f'{gpu_uuid}/{j}')}",
         gpu_slices=g,
         compute_slices=int(match["c"] or g),
         memory_gb=gb,
