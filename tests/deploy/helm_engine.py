@@ -158,6 +158,9 @@ class _StandInApi(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Helm's discovery opens a connection per API group at once (a dozen): socketserver's backlog of 5
+    # dropped the rest, whose SYNs were resent a second later, a second of every install.
+    request_queue_size = 64
 
     def __init__(self, kube_version: str) -> None:
         super().__init__(("127.0.0.1", 0), _StandInApi)
