@@ -14,7 +14,10 @@ own error, raised as HelmFailure with Helm's message.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -155,6 +158,9 @@ class _StandInApi(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Helm's discovery opens a connection per API group at once (a dozen): socketserver's backlog of 5
+    # dropped the rest, whose SYNs were resent a second later, a second of every install.
+    request_queue_size = 64
 
     def __init__(self, kube_version: str) -> None:
         super().__init__(("127.0.0.1", 0), _StandInApi)
@@ -202,6 +208,44 @@ def _helm() -> Any:
 
 _install_lock = threading.Lock()
 
+# Where the xdist workers of one run share what Helm rendered (tests/deploy/conftest.py sets it): an install
+# costs seconds, and each worker would otherwise render the same chart with the same values again.
+_shared_renders: Path | None = None
+
+
+def share_renders(directory: Path | None) -> None:
+    """Keep every successful install's Release under `directory` and answer the same install from there."""
+    global _shared_renders
+    _shared_renders = directory
+
+
+def _render_key(chart: Path, values: Mapping[str, Any] | None, *args: str) -> str:
+    """The chart's every file (or archive) and every input of the install, hashed: same key, same release."""
+    digest = hashlib.sha256(json.dumps([dict(values or {}), *args], sort_keys=True).encode())
+    files = sorted(p for p in chart.rglob("*") if p.is_file()) if chart.is_dir() else [chart]
+    for path in files:
+        digest.update(f"\0{path.relative_to(chart) if chart.is_dir() else path.name}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _shared(key: str) -> Release | None:
+    path = _shared_renders / f"{key}.json" if _shared_renders is not None else None
+    if path is None or not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    return Release(manifest=kept["manifest"], created=kept["created"], notes=kept["notes"])
+
+
+def _share(key: str, made: Release) -> None:
+    if _shared_renders is None:
+        return
+    # Written whole, then renamed: a worker reading at the same time sees all of it or nothing.
+    fd, temporary = tempfile.mkstemp(dir=_shared_renders, suffix=".part")
+    with os.fdopen(fd, "w") as out:
+        json.dump({"manifest": made.manifest, "created": made.created, "notes": made.notes}, out)
+    os.replace(temporary, _shared_renders / f"{key}.json")
+
 
 def install(
     chart: Path,
@@ -212,6 +256,18 @@ def install(
     kube_version: str = "1.37",
 ) -> Release:
     """`helm install <release> <chart> -n <namespace> -f values` against a stand-in Kubernetes."""
+    key = _render_key(chart, values, release, namespace, kube_version) if _shared_renders else ""
+    if key and (kept := _shared(key)) is not None:
+        return kept
+    made = _install(chart, values, release, namespace, kube_version)
+    if key:
+        _share(key, made)
+    return made
+
+
+def _install(
+    chart: Path, values: Mapping[str, Any] | None, release: str, namespace: str, kube_version: str
+) -> Release:
     helm = _helm()
     with _install_lock, _stand_in_api(kube_version) as server:
         url = f"http://127.0.0.1:{server.server_address[1]}"

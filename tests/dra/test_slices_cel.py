@@ -3,6 +3,7 @@ node publishes, with cel-python and the two Kubernetes CEL extensions they use (
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ def selected(expression: str, devices: list[dict[str, Any]]) -> list[str]:
     return names
 
 
+@functools.cache  # each plan materializes a simulated node (about a second); the tests only read it
 def plan(preset: str, text: str) -> DryRun:
     session = open_nvml(preset)
     try:
