@@ -142,6 +142,20 @@ class ClaimPreparer:
                 if e.mig
             }
 
+    def made_mig_entries(self) -> list[Entry]:
+        """The entries of claims that hold MIG devices made for them (dra/kubelet/stale_claims.py)."""
+        with self._lock:
+            return [entry for _, entry in self._checkpoint if entry.mig]
+
+    def unprepare_lost(self, ref: ClaimRef, why: str) -> None:
+        """Unprepare `ref`, which kubelet can no longer have (`why`), by kubelet's own Unprepare path: its
+        MIG devices destroyed, its spec and entry removed; DraError (the claim kept) when that fails."""
+        with self._stripes[hash(ref.uid) % _STRIPES]:
+            made = ", ".join(r.mig_uuid or r.device for r in self._mig_of(ref.uid))
+            self._unprepare(ref)
+        if made:
+            log.warning("%s: %s; unprepared it, destroying MIG device(s) %s", ref.label, why, made)
+
     # ---- one claim -------------------------------------------------------------------------------
 
     def _guarded(
