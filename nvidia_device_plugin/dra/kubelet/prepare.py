@@ -147,14 +147,20 @@ class ClaimPreparer:
         with self._lock:
             return [entry for _, entry in self._checkpoint if entry.mig]
 
-    def unprepare_lost(self, ref: ClaimRef, why: str) -> None:
-        """Unprepare `ref`, which kubelet can no longer have (`why`), by kubelet's own Unprepare path: its
-        MIG devices destroyed, its spec and entry removed; DraError (the claim kept) when that fails."""
+    def unprepare_lost(self, entry: Entry, why: str) -> bool:
+        """Unprepare `entry`'s claim, which kubelet can no longer have (`why`), by kubelet's own Unprepare
+        path: its MIG devices destroyed, its spec and entry removed. False, with nothing done, when the
+        entry is no longer `entry` (a prepare or unprepare of kubelet's came first); DraError (the claim
+        kept) when it cannot be unprepared."""
+        ref = entry.ref
         with self._stripes[hash(ref.uid) % _STRIPES]:
-            made = ", ".join(r.mig_uuid or r.device for r in self._mig_of(ref.uid))
+            with self._lock:
+                if self._checkpoint.get(ref.uid) != entry:
+                    return False
             self._unprepare(ref)
-        if made:
-            log.warning("%s: %s; unprepared it, destroying MIG device(s) %s", ref.label, why, made)
+        made = ", ".join(r.mig_uuid or r.device for r in entry.mig)
+        log.warning("%s: %s; unprepared it, destroying MIG device(s) %s", ref.label, why, made)
+        return True
 
     # ---- one claim -------------------------------------------------------------------------------
 

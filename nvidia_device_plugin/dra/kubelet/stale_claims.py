@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.dra.kubelet.checkpoint import Entry
 from nvidia_device_plugin.dra.kubelet.claims import ClaimNotFound, ClaimSource
-from nvidia_device_plugin.dra.kubelet.model import ClaimRef, DraError
+from nvidia_device_plugin.dra.kubelet.model import DraError
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +43,9 @@ class MadeMigClaims(Protocol):
         """The checkpoint entries of claims that hold MIG devices made for them."""
         ...
 
-    def unprepare_lost(self, ref: ClaimRef, why: str) -> None:
-        """Unprepare `ref` as kubelet would, since kubelet can no longer have it (`why`); DraError when
-        a MIG device cannot be destroyed (the claim is then kept as it was)."""
+    def unprepare_lost(self, entry: Entry, why: str) -> bool:
+        """Unprepare `entry`'s claim as kubelet would, since kubelet can no longer have it (`why`); False
+        when the checkpoint's entry is no longer `entry`; DraError when a MIG device cannot be destroyed."""
         ...
 
 
@@ -100,13 +99,24 @@ class StaleMigClaims:
         self._failures = FailureLog(log)
 
     def run(self, stop: threading.Event) -> None:
-        pending: Sequence[Entry] = self._preparer.made_mig_entries()
+        pending = {entry.ref.uid for entry in self._preparer.made_mig_entries()}
         delay = self._retry_first_s
         while pending and not stop.is_set():
-            pending = [entry for entry in pending if not self._settle(entry)]
+            # Read afresh each round: kubelet may have unprepared a claim, or a destroy dropped a record.
+            entries = [e for e in self._preparer.made_mig_entries() if e.ref.uid in pending]
+            pending = {entry.ref.uid for entry in entries if not self._guarded(entry)}
             if pending and stop.wait(delay):
                 return
             delay = min(delay * 2, self._retry_max_s)
+
+    def _guarded(self, entry: Entry) -> bool:
+        """`_settle(entry)`; a surprise (a bug) is said once and the claim asked for again later."""
+        try:
+            return self._settle(entry)
+        except Exception as exc:  # this thread must not end with claims unsettled
+            message = f"settling {entry.ref.label} failed unexpectedly, will retry: {exc!r}"
+            self._failures.report(entry.ref.uid, message, exc_info=True)
+            return False
 
     def _settle(self, entry: Entry) -> bool:
         """Whether `entry`'s claim is settled: kept, or unprepared. False (said once per reason) when the
@@ -126,9 +136,9 @@ class StaleMigClaims:
             log.debug("%s still exists as prepared: its MIG devices stay", ref.label)
             return True
         try:
-            self._preparer.unprepare_lost(ref, why)
+            done = self._preparer.unprepare_lost(entry, why)
         except DraError as exc:
             self._failures.report(key, f"unpreparing {ref.label} ({why}) failed, will retry: {exc}")
             return False
         self._failures.clear(key)
-        return True
+        return done  # else kubelet changed the claim's entry since: the API is asked again
