@@ -212,6 +212,8 @@ def test_a_restarted_plugin_adopts_what_was_made_and_makes_nothing_twice(node: S
         record.update(placementStart=start, device=node.placement("1g.10gb", ONE_G, start))
         document["claims"][uid(n)] = {**template, "name": f"claim-{n}", "state": "PrepareStarted"}
         document["claims"][uid(n)]["migInstances"] = [record]
+        # Kubelet still has both: so does the API (a claim it lacks is unprepared at start).
+        node.allocate(n, template["devices"][0]["device"])
     node.dra.started[-1].stop()
     node.dra.checkpoint.write_text(json.dumps(document))
     node.kubelet.restart()

@@ -30,11 +30,16 @@ READ_TIMEOUT_S = 10.0
 MAX_CLAIM_BYTES = 2 * 1024 * 1024
 
 
+class ClaimNotFound(ClaimError):
+    """The API answered 404: no ResourceClaim of that namespace and name exists."""
+
+
 class ClaimSource(Protocol):
     """Where prepares read claims: the API (ApiClaimSource), or whatever a test puts in its place."""
 
     def get(self, namespace: str, name: str) -> dict[str, Any]:
-        """The ResourceClaim as the API returns it (JSON); ClaimError saying why it cannot be read."""
+        """The ResourceClaim as the API returns it (JSON); ClaimError saying why it cannot be read
+        (ClaimNotFound where the API says there is none)."""
         ...
 
 
@@ -88,7 +93,8 @@ class ApiClaimSource:
             finally:
                 response.release_conn()
         except ApiException as exc:
-            raise ClaimError(f"{what} failed: {_describe(exc)}") from None
+            error = ClaimNotFound if exc.status == 404 else ClaimError
+            raise error(f"{what} failed: {_describe(exc)}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ClaimError(f"{what} failed: {exc}") from None
         if len(body) > MAX_CLAIM_BYTES:

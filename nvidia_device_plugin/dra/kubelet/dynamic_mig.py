@@ -17,8 +17,9 @@ taken as the claim's unless another claim recorded it.
 At start (`adopt`) every record is checked against the GPU: a made instance still there is kept (never made
 twice), one gone is dropped (its claim is prepared again when kubelet asks), a "creating" one becomes
 "made" where its placement holds an instance no other claim recorded and is dropped where it holds none.
-Which claims kubelet still has is not known at start: kubelet unprepares a claim whose pod is gone (it
-keeps its own record of prepared claims across restarts of both), so instances are destroyed only then.
+Whether kubelet still has each claim is then asked of the API in the background (dra/kubelet/
+stale_claims.py): a claim it can no longer have is unprepared, its instances destroyed by `release`.
+Otherwise instances are destroyed only when kubelet unprepares a claim whose pod is gone.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from nvidia_device_plugin.dra.kubelet.registration import (
     registration_handlers,
     registration_socket_name,
 )
+from nvidia_device_plugin.dra.kubelet.stale_claims import RETRY_FIRST_S, RETRY_MAX_S, StaleMigClaims
 from nvidia_device_plugin.dra.kubelet.wire import (
     MAX_REQUEST_BYTES,
     MAX_RESPONSE_BYTES,
@@ -83,7 +84,10 @@ class DraKubeletPlugin(Worker):
     * `sharing`: what sets up the sharing claims' opaque configs ask for (claim_sharing.ClaimSharing: time-
       slices, per-claim MPS control daemons); None refuses such claims.
     * `dynamic_mig`: makes and destroys the MIG devices of claims allocated dynamic-MIG placements, and
-      adopts those made before a restart (dynamic_mig.DynamicMig); None refuses such claims.
+      adopts those made before a restart (dynamic_mig.DynamicMig); None refuses such claims. With it, a
+      thread ("dra-stale-mig-claims") started after the checkpoint is read unprepares each claim holding
+      made MIG devices that the API says kubelet can no longer have (stale_claims.py); `stale_retry_s`:
+      its first and longest wait before asking an API that did not answer again.
     * `driver_name`, `versions` (most preferred first), `check_interval_s`: defaults as kubelet expects.
 
     start() (from Worker) reads the boot ID and the checkpoint and binds both sockets before it returns;
@@ -108,6 +112,7 @@ class DraKubeletPlugin(Worker):
         health_resend_interval_s: float = RESEND_INTERVAL_S,
         sharing: ClaimSharing | None = None,
         dynamic_mig: DynamicMig | None = None,
+        stale_retry_s: tuple[float, float] = (RETRY_FIRST_S, RETRY_MAX_S),
     ) -> None:
         super().__init__("dra-kubelet-plugin")
         self.driver_name = driver_name
@@ -124,6 +129,8 @@ class DraKubeletPlugin(Worker):
         self._health_resend_interval_s = health_resend_interval_s
         self._sharing = sharing
         self._dynamic_mig = dynamic_mig
+        self._stale_retry_s = stale_retry_s
+        self._stale_sweep: threading.Thread | None = None
         self._failures = FailureLog(log)
         self._state = RegistrationState(driver_name)
         self._preparer: ClaimPreparer | None = None
@@ -156,6 +163,12 @@ class DraKubeletPlugin(Worker):
             self._dynamic_mig,
         )
         self._preparer = preparer
+        if self._dynamic_mig is not None:  # in the background: start-up does not wait for the API
+            sweep = StaleMigClaims(self._claims, self.driver_name, preparer, self._stale_retry_s)
+            self._stale_sweep = threading.Thread(
+                target=sweep.run, args=(self.stopping,), name="dra-stale-mig-claims", daemon=True
+            )
+            self._stale_sweep.start()
         self._endpoint_server = UnixServer(
             "dra",
             self.endpoint,
@@ -204,6 +217,8 @@ class DraKubeletPlugin(Worker):
             for server in (self._registration_server, self._endpoint_server):
                 if server is not None:
                     server.stop()
+        if self._stale_sweep is not None:  # a claim read in flight ends within its timeouts
+            self._stale_sweep.join(self.join_timeout_s)
         if self._preparer is not None:
             self._preparer.close()
         if self._registration_server is not None:

@@ -142,6 +142,26 @@ class ClaimPreparer:
                 if e.mig
             }
 
+    def made_mig_entries(self) -> list[Entry]:
+        """The entries of claims that hold MIG devices made for them (dra/kubelet/stale_claims.py)."""
+        with self._lock:
+            return [entry for _, entry in self._checkpoint if entry.mig]
+
+    def unprepare_lost(self, entry: Entry, why: str) -> bool:
+        """Unprepare `entry`'s claim, which kubelet can no longer have (`why`), by kubelet's own Unprepare
+        path: its MIG devices destroyed, its spec and entry removed. False, with nothing done, when the
+        entry is no longer `entry` (a prepare or unprepare of kubelet's came first); DraError (the claim
+        kept) when it cannot be unprepared."""
+        ref = entry.ref
+        with self._stripes[hash(ref.uid) % _STRIPES]:
+            with self._lock:
+                if self._checkpoint.get(ref.uid) != entry:
+                    return False
+            self._unprepare(ref)
+        made = ", ".join(r.mig_uuid or r.device for r in entry.mig)
+        log.warning("%s: %s; unprepared it, destroying MIG device(s) %s", ref.label, why, made)
+        return True
+
     # ---- one claim -------------------------------------------------------------------------------
 
     def _guarded(
