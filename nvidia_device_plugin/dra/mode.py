@@ -174,6 +174,7 @@ class DraMode:
         """The node as the kubelet plugin's prepare sees it now; None before the first snapshot (or
         without NVML's host paths)."""
         from nvidia_device_plugin.cdi.model import CdiSettings
+        from nvidia_device_plugin.dra.kubelet.claim_sharing import config_sharing_of
         from nvidia_device_plugin.dra.kubelet.model import NodeDevices
 
         with self._lock:
@@ -181,7 +182,11 @@ class DraMode:
         if snapshot is None or self._host is None:
             return None
         return NodeDevices(
-            self.devices(), snapshot.inventory, self._host, CdiSettings.from_config(snapshot.config)
+            self.devices(),
+            snapshot.inventory,
+            self._host,
+            CdiSettings.from_config(snapshot.config),
+            config_sharing_of(snapshot.plans),  # so a claim's sharing stays off the config's MPS GPUs
         )
 
     def _prepared_devices(self) -> set[str]:

@@ -9,19 +9,23 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
 
-from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing, plan_sharing
+from nvidia_device_plugin.config.loader import parse_config
+from nvidia_device_plugin.dra.kubelet.claim_sharing import ClaimSharing, config_sharing_of, plan_sharing
 from nvidia_device_plugin.dra.kubelet.claims import AllocationResult
 from nvidia_device_plugin.dra.kubelet.model import ClaimError, PreparedSharing
 from nvidia_device_plugin.dra.kubelet.opaque import opaque_configs
 from nvidia_device_plugin.dra.names import DRIVER_NAME
+from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.timeslice import SimulatedTimeSlice
 from nvidia_device_plugin.sharing.readiness import read_status
+from nvidia_device_plugin.snapshot import build_snapshot
 
 from support.dra_kubelet import DraKubeletStandIn, DraNode, dra_node, resource_claim, simulated_node
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines
@@ -326,6 +330,55 @@ def test_mps_across_gpus_is_refused(node: Node, kubelet: DraKubeletStandIn) -> N
     put(node, UID, [config(gpu_config({"strategy": "MPS"}))], results=[("gpu", "gpu-0"), ("gpu", "gpu-1")])
     error = kubelet.prepare([CLAIM])[UID].error
     assert "MPS is asked for devices on 2 GPUs" in error and "must be on one GPU" in error
+
+
+# ---- a node whose config shares GPUs through MPS (mps-control-daemon's daemons) -------------------
+
+CONFIG_MPS_ON_GPU_1 = {
+    "version": "v1",
+    "flags": {"resourceNaming": True},  # so `devices` selects: gpu-1 alone is MPS-shared by the config
+    "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2, "devices": [1]}]}},
+}
+
+
+@pytest.fixture
+def config_mps(node: Node) -> None:
+    """The node's config shares gpu-1 through MPS, as the DRA mode's node view reads it from the plans."""
+    session = open_nvml("dgx-a100")
+    try:
+        plans = build_snapshot(session, parse_config(CONFIG_MPS_ON_GPU_1)).plans
+    finally:
+        session.close()
+    node.dra.node = replace(node.dra.node, config_sharing=config_sharing_of(plans))
+
+
+@pytest.mark.parametrize("sharing", [{"strategy": "MPS"}, time_slicing("Long")], ids=["mps", "time-slicing"])
+def test_a_claims_sharing_on_a_gpu_the_config_shares_through_mps_is_refused_naming_it(
+    config_mps: None, node: Node, kubelet: DraKubeletStandIn, sharing: dict[str, Any]
+) -> None:
+    put(node, UID, [config(gpu_config(sharing))], device="gpu-1")
+    error = kubelet.prepare([CLAIM])[UID].error
+    assert (
+        f"GPU {node.uuid('gpu-1')} is shared through MPS by this node's config (sharing.mps, resource "
+        "nvidia.com/gpu)" in error
+    )
+    assert "remove the sharing config from the claim" in error.lower()
+    assert node.time_slice.sets == [] and not node.pipe(UID).exists()
+    assert node.dra.started[0].prepared() == {}  # nothing recorded: kubelet retries it
+    put(node, UID, [])  # the same GPU with no sharing asked: served as it is
+    assert kubelet.prepare([CLAIM])[UID].error == ""
+
+
+def test_a_gpu_the_config_does_not_share_through_mps_still_takes_a_claims_sharing(
+    config_mps: None, node: Node, kubelet: DraKubeletStandIn
+) -> None:
+    put(node, UID, [config(gpu_config({"strategy": "MPS"}))], device="gpu-2")
+    put(node, OTHER, [config(gpu_config(time_slicing("Short")))], name="other", device="gpu-3")
+    assert kubelet.prepare([CLAIM])[UID].error == ""
+    assert kubelet.prepare([OTHER_CLAIM])[OTHER].error == ""
+    assert node.daemon_running(UID)
+    assert node.time_slice.interval(node.uuid("gpu-3")) == "Short"
+    assert kubelet.unprepare([CLAIM])[UID].error == ""
 
 
 def test_a_daemon_that_cannot_start_refuses_the_claim_with_its_reason(node: Node) -> None:

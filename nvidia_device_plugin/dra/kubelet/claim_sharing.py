@@ -6,7 +6,11 @@ different sharing, MPS on a MIG device (as the device plugin and NVIDIA refuse i
 modes share MIG devices), and MPS across GPUs (this plugin runs one control daemon per GPU, and a container
 has one pipe directory). `refuse_conflicts` refuses a claim asking a GPU for sharing other than what a claim
 prepared there already set up (a different interval), and any two claims on one GPU when either is MPS (its
-control daemon holds the GPU).
+control daemon holds the GPU). `refuse_config_mps` refuses any sharing a claim asks of a GPU that the node's
+config shares through MPS (`sharing.mps`, `config_sharing_of` finds them in the plans): the separate
+mps-control-daemon runs a control daemon there and sets the GPU's compute mode to EXCLUSIVE_PROCESS, not
+knowing which GPUs DRA owns, so a claim's MPS would start a second daemon (and its release set the compute
+mode back to DEFAULT under the config's), and a claim's time-slice would change under the MPS clients.
 
 `ClaimSharing` carries it out. TimeSlicing on a whole GPU sets the GPU's time-slice (nvml/timeslice.py); on
 a MIG device there is nothing to set. MPS starts one control daemon per claim, with its own pipe and log
@@ -33,10 +37,11 @@ from typing import Any, cast
 from nvidia_device_plugin.base.errors import NvmlError
 from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.dra.kubelet.claims import AllocationResult
-from nvidia_device_plugin.dra.kubelet.model import ClaimError, ClaimRef, PreparedSharing
+from nvidia_device_plugin.dra.kubelet.model import ClaimError, ClaimRef, ConfigSharing, PreparedSharing
 from nvidia_device_plugin.dra.kubelet.opaque import DeviceSharing, OpaqueConfig, sharing_of
 from nvidia_device_plugin.dra.names import DraDevice
 from nvidia_device_plugin.nvml.timeslice import TimeSliceControl, TimeSliceInterval
+from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
 from nvidia_device_plugin.sharing.mps import CONTAINER_SHM_DIR, host_shm_dir
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor
@@ -130,6 +135,33 @@ def refuse_conflicts(
                     f"{_describe(asked) if asked else 'no sharing'}"
                     + ("; an MPS claim's GPU is its own" if daemon else "")
                 )
+
+
+def config_sharing_of(plans: Iterable[ResourcePlan]) -> dict[str, ConfigSharing]:
+    """The GPUs (by UUID) whose replicas the config's plans advertise, and how they are shared: the GPUs
+    mps-control-daemon runs a control daemon on are those of MPS plans (sharing/mps_specs.daemon_specs)."""
+    shared: dict[str, ConfigSharing] = {}
+    for plan in plans:
+        mode = sharing_mode(plan.sharing)
+        for device in plan.devices:
+            if mode.shares_devices and device.replica is not None:
+                shared.setdefault(device.gpu_uuid, ConfigSharing(mode, plan.name))
+    return shared
+
+
+def refuse_config_mps(wanted: Sequence[PreparedSharing], config_sharing: Mapping[str, ConfigSharing]) -> None:
+    """ClaimError when the claim asks sharing (any mode) of a GPU the node's config shares through MPS:
+    mps-control-daemon's control daemon is on it, which a claim's daemon, compute mode or time-slice would
+    break."""
+    for asked in wanted:
+        config = config_sharing.get(asked.gpu_uuid)
+        if config is not None and config.mode.needs_control_daemon:
+            raise ClaimError(
+                f"GPU {asked.gpu_uuid} is shared through MPS by this node's config ({config.mode.section}, "
+                f"resource {config.resource}), whose control daemon mps-control-daemon runs there; this "
+                f"claim asks {_describe(asked)} of it, which would disturb that daemon's clients. Remove the "
+                f"sharing config from the claim (or its DeviceClass), or the GPU from {config.mode.section}"
+            )
 
 
 def _held(sharing: PreparedSharing | None) -> str:

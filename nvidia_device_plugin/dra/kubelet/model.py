@@ -10,10 +10,11 @@ nodes are (for the CDI spec).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nvidia_device_plugin.base.errors import DevicePluginError
 from nvidia_device_plugin.cdi.model import CdiSettings
+from nvidia_device_plugin.config.sharing_modes import SharingModeFacts
 from nvidia_device_plugin.config.v1 import SharingMode
 from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.dra.names import DraDevice
@@ -62,6 +63,15 @@ class ClaimOutcome:
 
 
 @dataclass(frozen=True)
+class ConfigSharing:
+    """How the node's config shares one GPU through a device-plugin resource (`sharing.timeSlicing` or
+    `sharing.mps`), outside DRA: an MPS one has the mps-control-daemon's control daemon on it."""
+
+    mode: SharingModeFacts
+    resource: str  # the resource whose replicas share it, "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
 class NodeDevices:
     """The node as a prepare sees it: the DRA devices by name, and the facts its CDI spec needs.
 
@@ -69,13 +79,15 @@ class NodeDevices:
     a claim naming any other device is refused. `inventory`, `host` and `cdi` are the snapshot's inventory,
     the NVML session's host paths (the driver root and /dev as this process sees them) and the CDI settings
     of the config (`CdiSettings.from_config`: host driver root, hook path, disabled hooks; its device-ID
-    strategy and spec directory are not used here).
+    strategy and spec directory are not used here). `config_sharing` says which GPUs (by UUID) the config's
+    own sharing covers (claim_sharing.config_sharing_of), so a claim's sharing never lands under it.
     """
 
     devices: Mapping[str, DraDevice]
     inventory: Inventory
     host: HostPaths
     cdi: CdiSettings
+    config_sharing: Mapping[str, ConfigSharing] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from nvidia_device_plugin.dra.kubelet.claim_sharing import (
     GpuHolder,
     mps_edits,
     plan_sharing,
+    refuse_config_mps,
     refuse_conflicts,
 )
 from nvidia_device_plugin.dra.kubelet.claims import AllocationResult, ClaimSource, allocation_of
@@ -197,6 +198,7 @@ class ClaimPreparer:
             raise ClaimError("this node's devices are not known yet (no inventory has been served)")
         devices = _devices_named(self._driver, allocation.results, node.devices)
         sharing = plan_sharing(allocation.results, allocation.configs, node.devices)
+        refuse_config_mps(sharing, node.config_sharing)
         if sharing and self._sharing is None:
             raise ClaimError(
                 "its opaque config asks for sharing, which this plugin was started without (no time-slice "
