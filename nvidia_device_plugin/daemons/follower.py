@@ -128,12 +128,14 @@ class SnapshotFollower:
 
     def edit(self, reason: str, change: InventoryEdit) -> bool:
         """Serve the inventory served now as `change` makes it (a GPU read again after the daemon changed
-        it), under the config served now: no discovery, no config read; as reload() otherwise."""
-        return self._rebuild(
-            reason,
-            "inventory updated",
-            lambda old, session: snapshot_of(session, old.config, change(old.inventory)),
-        )
+        it), under the config served now: no discovery, no config read; as reload() otherwise. An edit
+        that changes nothing (the GPU read before a change) applies nothing."""
+
+        def build(old: Snapshot, session: NvmlSession) -> Snapshot:
+            inventory = change(old.inventory)
+            return old if inventory == old.inventory else snapshot_of(session, old.config, inventory)
+
+        return self._rebuild(reason, "inventory updated", build)
 
     def _rebuild(self, reason: str, done: str, build: _Build) -> bool:
         with self.lock:
@@ -141,7 +143,10 @@ class SnapshotFollower:
             if old is None or session is None:
                 return False  # nothing served yet (still starting, or NVML never opened)
             try:
-                snapshot = self._check(build(old, session))
+                built = build(old, session)
+                if built is old:
+                    return True  # nothing to serve differently
+                snapshot = self._check(built)
             except Exception as exc:  # whatever went wrong, the last good snapshot stays
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
                 line = f"config reload ({reason}) rejected, {self._kept}: {message}"

@@ -1,8 +1,9 @@
 """Dynamic MIG and the daemon's served snapshot (a `run` process on a100-mig-dynamic): the MIG device a
 claim's Prepare makes, and its Unprepare destroys, reaches the labels file (what GFD's rules read from the
-served inventory) at once, through the one reload funnel with only that GPU read again: the node is never
-re-discovered nor the config reloaded for it. And the funnel itself (SnapshotFollower.edit): the edited
-inventory served under the same config, with no discovery and no config read."""
+served inventory) and the health watch at once, through the one reload funnel with only that GPU read
+again: the node is never re-discovered nor the config reloaded for it. And the funnel itself
+(SnapshotFollower.edit): the edited inventory served under the same config, with no discovery and no
+config read, and an edit that changes nothing applies nothing."""
 
 from __future__ import annotations
 
@@ -129,6 +130,12 @@ def test_a_made_mig_device_reaches_the_labels_without_a_rediscovery(
     assert "inventory updated (MIG device MIG-" in text and " made on GPU 0)" in text, text
     assert " destroyed on GPU 0)" in text, text
     assert "node re-discovered" not in text and "config reloaded" not in text, text
+    # The health watch follows too: a monitor for the inventory at start, after the make, after the destroy.
+    assert text.count("health monitor started") == 3, text
+
+
+def _no_config() -> Config:
+    raise AssertionError("the config was read again")
 
 
 def test_an_inventory_edit_is_served_under_the_same_config_without_discovery(
@@ -138,10 +145,7 @@ def test_an_inventory_edit_is_served_under_the_same_config_without_discovery(
     try:
         applied: list[tuple[Snapshot, Snapshot]] = []
 
-        def no_config() -> Config:
-            raise AssertionError("the config was read again")
-
-        follower = SnapshotFollower(no_config, lambda new, old: applied.append((new, old)))
+        follower = SnapshotFollower(_no_config, lambda new, old: applied.append((new, old)))
         first = follower.first(session, parse_config_text("version: v1\n"))
         discovered: list[object] = []
         monkeypatch.setattr(snapshot_module, "discover", lambda *args: discovered.append(args))
@@ -154,5 +158,17 @@ def test_an_inventory_edit_is_served_under_the_same_config_without_discovery(
         assert new.inventory.gpus == (kept,) and follower.current[0] is new
         assert {d.gpu_uuid for p in new.plans for d in p.devices} == {kept.uuid}
         assert "inventory updated (MIG device made on GPU 0)" in caplog.text
+    finally:
+        session.close()
+
+
+def test_an_inventory_edit_that_changes_nothing_applies_nothing() -> None:
+    session = open_nvml("a100-mig-dynamic")
+    try:
+        applied: list[tuple[Snapshot, Snapshot]] = []
+        follower = SnapshotFollower(_no_config, lambda new, old: applied.append((new, old)))
+        first = follower.first(session, parse_config_text("version: v1\n"))
+        assert follower.edit("MIG devices read again on GPU 0", lambda inventory: inventory)
+        assert applied == [] and follower.current[0] is first
     finally:
         session.close()
