@@ -70,7 +70,8 @@ class SnapshotFollower:
       served now, with no discovery of the node and no config read, applied as a reload is.
 
     `check` may refuse a snapshot the daemon cannot serve (raising DevicePluginError); `apply(new, old)`
-    makes the daemon act on it; `on_result(applied, message)` hears every outcome (metrics).
+    makes the daemon act on it; `on_result(applied, message)` hears every outcome of a reload or refresh
+    (metrics: config reloads), not those of an `edit`.
     """
 
     def __init__(
@@ -135,9 +136,12 @@ class SnapshotFollower:
             inventory = change(old.inventory)
             return old if inventory == old.inventory else snapshot_of(session, old.config, inventory)
 
-        return self._rebuild(reason, "inventory updated", build)
+        # Not counted as a config reload (the metric): every claim's Prepare and Unprepare comes here.
+        return self._rebuild(reason, "inventory updated", build, failed="inventory update", counted=False)
 
-    def _rebuild(self, reason: str, done: str, build: _Build) -> bool:
+    def _rebuild(
+        self, reason: str, done: str, build: _Build, *, failed: str = "config reload", counted: bool = True
+    ) -> bool:
         with self.lock:
             old, session = self._current, self._session
             if old is None or session is None:
@@ -149,13 +153,14 @@ class SnapshotFollower:
                 snapshot = self._check(built)
             except Exception as exc:  # whatever went wrong, the last good snapshot stays
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
-                line = f"config reload ({reason}) rejected, {self._kept}: {message}"
+                line = f"{failed} ({reason}) rejected, {self._kept}: {message}"
                 if not isinstance(exc, CdiError):
                     log.error("%s", line)
                 elif message != self._cdi_rejection:
                     log.error("%s; retrying with backoff", line)
                 self._cdi_rejection = message if isinstance(exc, CdiError) else None
-                self._on_result(False, message)
+                if counted:
+                    self._on_result(False, message)
                 if isinstance(exc, NvmlError | CdiError):
                     self.retry_later(reason, cdi=isinstance(exc, CdiError))
                 return False
@@ -169,7 +174,8 @@ class SnapshotFollower:
                 reason,
                 ", ".join(f"{p.name} x{len(p.devices)}" for p in snapshot.plans) or "no resources",
             )
-            self._on_result(True, "")
+            if counted:
+                self._on_result(True, "")
             return True
 
     def retry_later(self, reason: str, cdi: bool = False) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from nvidia_device_plugin import snapshot as snapshot_module
+from nvidia_device_plugin.base.errors import ConfigError
 from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemons.follower import SnapshotFollower
@@ -145,7 +146,12 @@ def test_an_inventory_edit_is_served_under_the_same_config_without_discovery(
     try:
         applied: list[tuple[Snapshot, Snapshot]] = []
 
-        follower = SnapshotFollower(_no_config, lambda new, old: applied.append((new, old)))
+        results: list[tuple[bool, str]] = []
+        follower = SnapshotFollower(
+            _no_config,
+            lambda new, old: applied.append((new, old)),
+            on_result=lambda ok, message: results.append((ok, message)),
+        )
         first = follower.first(session, parse_config_text("version: v1\n"))
         discovered: list[object] = []
         monkeypatch.setattr(snapshot_module, "discover", lambda *args: discovered.append(args))
@@ -158,6 +164,7 @@ def test_an_inventory_edit_is_served_under_the_same_config_without_discovery(
         assert new.inventory.gpus == (kept,) and follower.current[0] is new
         assert {d.gpu_uuid for p in new.plans for d in p.devices} == {kept.uuid}
         assert "inventory updated (MIG device made on GPU 0)" in caplog.text
+        assert results == []  # not a config reload (the config_reloads metric)
     finally:
         session.close()
 
@@ -170,5 +177,28 @@ def test_an_inventory_edit_that_changes_nothing_applies_nothing() -> None:
         first = follower.first(session, parse_config_text("version: v1\n"))
         assert follower.edit("MIG devices read again on GPU 0", lambda inventory: inventory)
         assert applied == [] and follower.current[0] is first
+    finally:
+        session.close()
+
+
+def test_a_refused_inventory_edit_keeps_the_snapshot_served(caplog: pytest.LogCaptureFixture) -> None:
+    session = open_nvml("a100-mig-dynamic")
+    try:
+        refusing = False
+
+        def check(snapshot: Snapshot) -> Snapshot:
+            if refusing:
+                raise ConfigError("no such thing here")
+            return snapshot
+
+        applied: list[tuple[Snapshot, Snapshot]] = []
+        follower = SnapshotFollower(_no_config, lambda new, old: applied.append((new, old)), check=check)
+        first = follower.first(session, parse_config_text("version: v1\n"))
+        refusing = True
+        kept = first.inventory.gpus[0]
+        assert not follower.edit("MIG device made on GPU 0", lambda inv: replace(inv, gpus=(kept,)))
+        assert applied == [] and follower.current[0] is first
+        assert "inventory update (MIG device made on GPU 0) rejected" in caplog.text
+        assert "no such thing here" in caplog.text
     finally:
         session.close()
