@@ -49,6 +49,11 @@ def build_snapshot(session: NvmlSession, config: Config, previous: Inventory | N
     inventory = discover(session.nv, session.host.sysfs_root, session.host.proc_root)
     if previous is not None:
         inventory = carry_over_lost(inventory, previous)
+    return snapshot_of(session, config, inventory)
+
+
+def snapshot_of(session: NvmlSession, config: Config, inventory: Inventory) -> Snapshot:
+    """`inventory`, as read already (no discovery), expanded under `config`; raises as build_snapshot."""
     violations = mig_layout_violations(inventory.gpus, config.flags.mig_strategy)
     plans = build_resources(inventory, config, violations)
     check_device_list_sizes(plans)

@@ -19,7 +19,7 @@ from nvidia_device_plugin.devices import Inventory
 from nvidia_device_plugin.nvml import events as nvml_events
 from nvidia_device_plugin.nvml.errors import means_lost
 from nvidia_device_plugin.nvml.session import NvmlSession
-from nvidia_device_plugin.snapshot import Snapshot, build_snapshot
+from nvidia_device_plugin.snapshot import Snapshot, build_snapshot, snapshot_of
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ REDISCOVERY_INTERVAL_S = 5.0
 REDISCOVERY_BACKOFF_MAX_S = 300.0
 
 Apply = Callable[[Snapshot, Snapshot], None]  # (new, old): make the daemon act on `new` instead of `old`
+InventoryEdit = Callable[[Inventory], Inventory]  # the served inventory -> the one to serve instead
+# How the next snapshot is built from the one served now and its session (a reload, a refresh, an edit).
+_Build = Callable[[Snapshot, NvmlSession], Snapshot]
 
 
 def _as_is(snapshot: Snapshot) -> Snapshot:
@@ -61,10 +64,14 @@ class SnapshotFollower:
     * a GPU the snapshot holds as lost (or could not open) that NVML reads again is re-discovered: the
       "gpu-rediscovery" worker (the daemon owns it) checks those GPUs every `rediscovery_interval_s` and
       then `refresh`es, rebuilding the snapshot under the same config, so everything derived from the
-      GPU (its memory and MPS limits, NUMA node, links, MIG devices, CDI specs, labels) follows.
+      GPU (its memory and MPS limits, NUMA node, links, MIG devices, CDI specs, labels) follows;
+    * a change the daemon made itself and read back (dynamic MIG made or destroyed a MIG device, and the
+      GPU was read again) comes in through `edit`: the served inventory with that edit, under the config
+      served now, with no discovery of the node and no config read, applied as a reload is.
 
     `check` may refuse a snapshot the daemon cannot serve (raising DevicePluginError); `apply(new, old)`
-    makes the daemon act on it; `on_result(applied, message)` hears every outcome (metrics).
+    makes the daemon act on it; `on_result(applied, message)` hears every outcome of a reload or refresh
+    (metrics: config reloads), not those of an `edit`.
     """
 
     def __init__(
@@ -106,29 +113,54 @@ class SnapshotFollower:
 
     def reload(self, reason: str) -> bool:
         """Apply the config as it reads now; on any error keep the last good snapshot. True when applied."""
-        return self._rebuild(reason, same_config=False)
+        return self._rebuild(
+            reason,
+            "config reloaded",
+            lambda old, session: build_snapshot(session, self._load_config(), previous=old.inventory),
+        )
 
     def refresh(self, reason: str) -> bool:
         """Read the node again under the config served now (a GPU came back); as reload() otherwise."""
-        return self._rebuild(reason, same_config=True)
+        return self._rebuild(
+            reason,
+            "node re-discovered",
+            lambda old, session: build_snapshot(session, old.config, previous=old.inventory),
+        )
 
-    def _rebuild(self, reason: str, same_config: bool) -> bool:
+    def edit(self, reason: str, change: InventoryEdit) -> bool:
+        """Serve the inventory served now as `change` makes it (a GPU read again after the daemon changed
+        it), under the config served now: no discovery, no config read; as reload() otherwise. An edit
+        that changes nothing (the GPU read before a change) applies nothing."""
+
+        def build(old: Snapshot, session: NvmlSession) -> Snapshot:
+            inventory = change(old.inventory)
+            return old if inventory == old.inventory else snapshot_of(session, old.config, inventory)
+
+        # Not counted as a config reload (the metric): every claim's Prepare and Unprepare comes here.
+        return self._rebuild(reason, "inventory updated", build, failed="inventory update", counted=False)
+
+    def _rebuild(
+        self, reason: str, done: str, build: _Build, *, failed: str = "config reload", counted: bool = True
+    ) -> bool:
         with self.lock:
             old, session = self._current, self._session
             if old is None or session is None:
                 return False  # nothing served yet (still starting, or NVML never opened)
             try:
-                config = old.config if same_config else self._load_config()
-                snapshot = self._check(build_snapshot(session, config, previous=old.inventory))
+                built = build(old, session)
+                if built is old:
+                    return True  # nothing to serve differently
+                snapshot = self._check(built)
             except Exception as exc:  # whatever went wrong, the last good snapshot stays
                 message = str(exc) if isinstance(exc, DevicePluginError) else f"{type(exc).__name__}: {exc}"
-                line = f"config reload ({reason}) rejected, {self._kept}: {message}"
+                line = f"{failed} ({reason}) rejected, {self._kept}: {message}"
                 if not isinstance(exc, CdiError):
                     log.error("%s", line)
                 elif message != self._cdi_rejection:
                     log.error("%s; retrying with backoff", line)
                 self._cdi_rejection = message if isinstance(exc, CdiError) else None
-                self._on_result(False, message)
+                if counted:
+                    self._on_result(False, message)
                 if isinstance(exc, NvmlError | CdiError):
                     self.retry_later(reason, cdi=isinstance(exc, CdiError))
                 return False
@@ -138,11 +170,12 @@ class SnapshotFollower:
             self._current = snapshot
             log.info(
                 "%s (%s): %s",
-                "node re-discovered" if same_config else "config reloaded",
+                done,
                 reason,
                 ", ".join(f"{p.name} x{len(p.devices)}" for p in snapshot.plans) or "no resources",
             )
-            self._on_result(True, "")
+            if counted:
+                self._on_result(True, "")
             return True
 
     def retry_later(self, reason: str, cdi: bool = False) -> None:

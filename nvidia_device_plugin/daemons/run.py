@@ -10,7 +10,9 @@ the probes server (first, so the liveness probe answers while discovery runs), t
 (its config file must exist before the first load), the config watch (before the first load, so an edit
 during start-up is not missed), the labels writer, the reload retry, the GPU re-discovery, MPS readiness;
 then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
-served snapshot; last the simulated events feeder, once health is watched.
+served snapshot; last the simulated events feeder, once health is watched. A MIG device dynamic MIG made
+or destroyed comes in through the same follower (its GPU read again, no rediscovery of the node), so the
+labels, metrics, health monitor and DRA slices follow it from that one apply.
 Stopping lets NVML go first (`stop_waiting`: no thread waits on a call a GPU reset hung, so the stop ends
 well within kubelet's grace period), then stops the workers, then shuts NVML down unless a call still holds
 it (nvml/bounded.py names that call).
@@ -40,6 +42,7 @@ from nvidia_device_plugin.daemons.follower import (
     REDISCOVERY_INTERVAL_S,
     RELOAD_RETRY_MAX_S,
     RELOAD_RETRY_MIN_S,
+    InventoryEdit,
     SnapshotFollower,
 )
 from nvidia_device_plugin.devices import describe
@@ -127,7 +130,12 @@ class Daemon:
         self._noticed: set[str] = set()  # their keys, as last logged
         self._health_lines = RateLimitedLog(log)  # health changes, per device
         # The DRA side: off until a config first turns dra.enabled on (_start_dra), then the DRA mode.
-        self.dra = DraSide(options.dra, self.registry.verdicts, self._on_dra_owners_changed)
+        self.dra = DraSide(
+            options.dra,
+            self.registry.verdicts,
+            self._on_dra_owners_changed,
+            edit_inventory=self._edit_inventory,
+        )
         self.reloads = self._follower()
         self._monitor: HealthMonitor | None = None
         # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
@@ -288,6 +296,10 @@ class Daemon:
     def reload(self, reason: str) -> bool:
         """Apply the current config; on any error keep serving the last good one. True when applied."""
         return self.reloads.reload(reason)
+
+    def _edit_inventory(self, reason: str, change: InventoryEdit) -> bool:
+        """Serve the inventory as `change` makes it (a GPU dynamic MIG changed, read again): follower.edit."""
+        return self.reloads.edit(reason, change)
 
     def _apply_reload(self, snapshot: Snapshot, old: Snapshot) -> None:
         """Serve `snapshot` in place of `old` (the follower holds its lock)."""

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The daemon's reload funnel for a change read back from the node: (reason, served inventory -> new one).
+InventoryEditor = Callable[[str, Callable[[Inventory], Inventory]], object]
+
 
 class DraMode:
     def __init__(
@@ -64,8 +67,11 @@ class DraMode:
         nvml: NvmlSession | None = None,
         cdi_spec_dir: Path = Path("/var/run/cdi"),
         mps_root: str = Flags.mps_root,
+        edit_inventory: InventoryEditor | None = None,
     ) -> None:
         self.options = options
+        # The daemon's reload funnel for a change dynamic MIG made (on_gpu_changed); None: not told.
+        self._edit_inventory = edit_inventory
         self._on_owners_changed = on_owners_changed
         self._host = nvml.host if nvml is not None else None
         self._lock = threading.Lock()
@@ -160,15 +166,22 @@ class DraMode:
         )
 
     def on_gpu_changed(self, gpu: Gpu) -> None:
-        """A GPU read again after dynamic MIG made or destroyed a MIG device on it: the slices and the
-        kubelet plugin's view take its MIG state now (the daemon's next reload reads every GPU anyway)."""
+        """A GPU read again after dynamic MIG made or destroyed a MIG device on it: handed to the daemon's
+        one reload funnel (`edit_inventory`), whose snapshot, with this GPU in place of the one served,
+        comes back through `serve` (and so reaches labels, metrics and health too)."""
         from nvidia_device_plugin.dra.kubelet.dynamic_mig import with_gpu
 
         with self._lock:
-            if self._snapshot is None:
-                return
-            self._snapshot = replace(self._snapshot, inventory=with_gpu(self._snapshot.inventory, gpu))
-        self._publish()
+            snapshot = self._snapshot
+        if snapshot is None or self._edit_inventory is None:
+            return
+        before = next((g for g in snapshot.inventory.gpus if g.uuid == gpu.uuid), None)
+        had = {m.uuid for m in before.mig_devices} if before is not None else set()
+        now = {m.uuid for m in gpu.mig_devices}
+        changes = [f"MIG device {u} made" for u in sorted(now - had)]
+        changes += [f"MIG device {u} destroyed" for u in sorted(had - now)]
+        reason = f"{'; '.join(changes) or 'MIG devices read again'} on GPU {gpu.index}"
+        self._edit_inventory(reason, lambda inventory: with_gpu(inventory, gpu))
 
     def node_view(self) -> NodeDevices | None:
         """The node as the kubelet plugin's prepare sees it now; None before the first snapshot (or

@@ -24,7 +24,7 @@ from nvidia_device_plugin.plans.resources import ResourcePlan
 from nvidia_device_plugin.snapshot import Snapshot
 
 if TYPE_CHECKING:  # the mode's modules load only when a config turns DRA on (start-up cost)
-    from nvidia_device_plugin.dra.mode import DraMode
+    from nvidia_device_plugin.dra.mode import DraMode, InventoryEditor
     from nvidia_device_plugin.nvml.session import NvmlSession
 
 log = logging.getLogger(__name__)
@@ -36,13 +36,17 @@ class DraSide:
         options: DraOptions | None,
         verdicts: Callable[[], Mapping[str, Verdict]],
         on_owners_changed: Callable[[], None],
+        edit_inventory: InventoryEditor | None = None,
     ) -> None:
         """`options`: where the DRA mode finds the node's kubelet and API (None: DRA cannot be turned on
         here); `verdicts`: the health registry's verdicts now (the mode's taints start from them);
-        `on_owners_changed`: called (on the handover thread) when a GPU changed sides."""
+        `on_owners_changed`: called (on the handover thread) when a GPU changed sides; `edit_inventory`: the
+        daemon's reload funnel, told each GPU dynamic MIG changed (read again) so the served snapshot
+        follows."""
         self.options = options
         self._verdicts = verdicts
         self._on_owners_changed = on_owners_changed
+        self._edit_inventory = edit_inventory
         self.mode: DraMode | None = None  # made when a config first turns dra.enabled on (`enable`)
 
     def check(self, snapshot: Snapshot) -> Snapshot:
@@ -81,6 +85,7 @@ class DraSide:
             nvml=nvml,
             cdi_spec_dir=Path(snapshot.config.flags.plugin.cdi_spec_dir),
             mps_root=snapshot.config.flags.mps_root,
+            edit_inventory=self._edit_inventory,
         )
         log.info("DRA mode on: driver gpu.nvidia.com, pool %s", self.options.node_name)
         return self.mode.workers()
