@@ -79,9 +79,9 @@ def test_time_slicing_and_mps_advertise_replicas() -> None:
     assert [m.shares_devices for m in (NO_SHARING, TIME_SLICING, MPS)] == [False, True, True]
 
 
-def test_dra_publishes_time_slicing_shareable_and_mps_unshared_with_a_class() -> None:
-    assert [m.dra_shareable for m in (NO_SHARING, TIME_SLICING, MPS)] == [False, True, False]
-    assert [m.dra_attribute for m in (NO_SHARING, TIME_SLICING, MPS)] == ["none", "time-slicing", "none"]
+def test_dra_publishes_time_slicing_and_mps_shareable_with_a_class() -> None:
+    assert [m.dra_shareable for m in (NO_SHARING, TIME_SLICING, MPS)] == [False, True, True]
+    assert [m.dra_attribute for m in (NO_SHARING, TIME_SLICING, MPS)] == ["none", "time-slicing", "mps"]
     assert [m.dra_class for m in (NO_SHARING, TIME_SLICING, MPS)] == [True, True, True]
 
 

@@ -34,9 +34,8 @@ class SharingModeFacts:
     replicas_at_most: int | None  # per device, where the mode itself has a bound
     dra_class: bool  # DRA gets a DeviceClass for its resources (serving them by extendedResourceName)
     dra_shareable: bool  # DRA publishes its devices once, shareable, with a `shares` capacity
-    # The DRA `sharing` attribute of its devices: MPS ones are published unshared, so its class gives one
-    # device per claim: the kubelet plugin runs MPS only per claim (a daemon of the claim's own, asked for
-    # in its opaque config, that holds the GPU), not one daemon per GPU that several claims share.
+    # The DRA `sharing` attribute of its devices. An MPS GPU's claims are clients of the control daemon
+    # mps-control-daemon runs for the config (dra/kubelet/claim_sharing.config_mps_edits), as replicas are.
     dra_attribute: SharingMode
 
 
@@ -73,8 +72,8 @@ MPS: Final = SharingModeFacts(
     shares_mig_devices=False,
     replicas_at_most=MPS_MAX_CLIENTS_PER_GPU,
     dra_class=True,
-    dra_shareable=False,
-    dra_attribute="none",
+    dra_shareable=True,
+    dra_attribute="mps",
 )
 
 _BY_NAME: Final[dict[str, SharingModeFacts]] = {mode.name: mode for mode in (NO_SHARING, TIME_SLICING, MPS)}

@@ -15,9 +15,9 @@ Two rules shape them:
   `.nvidia.com` (`mig-1g.10gb.nvidia.com`); a shared resource's (time-slicing or MPS) gets `.shared`
   unless it has it already (`gpu.shared.nvidia.com`).
 
-A time-sliced class's devices are shareable (consumable capacity): each claim takes one share of the GPU's
-`replicas` and, unless it asks for some, none of its memory. MPS devices are published unshared (MPS
-through DRA is not done, docs/dra.md): its class serves the name, one claim per device.
+A shared class's devices (time-sliced or MPS) are shareable (consumable capacity): each claim takes one
+share of the GPU's `replicas` and, unless it asks for some, none of its memory; an MPS claim is a client of
+the config's control daemon for the GPU, with one replica's limits (dra/kubelet/claim_sharing.py).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ how it is shared, so DRA publishes the same node the device plugin would serve.
 That is what makes the DeviceClasses (dra/classes.py) the config's own: a device carries
 `resourceName` (the name its device-plugin resource has, e.g. `nvidia.com/mig-1g.10gb`), and each class
 selects one name and asks for it with `extendedResourceName` (KEP-5004), so `nvidia.com/gpu: 1` means
-in DRA what it meant to the device plugin. Time-sliced devices are published once, shareable: consumable
-capacity `shares` counts their replicas (dra/attributes.py).
+in DRA what it meant to the device plugin. Shared devices (time-slicing, MPS) are published once,
+shareable: consumable capacity `shares` counts their replicas (dra/attributes.py).
 """
 
 from __future__ import annotations

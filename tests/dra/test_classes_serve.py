@@ -101,6 +101,28 @@ def test_a_whole_gpu_claim_matches_on_a_time_sliced_node_and_takes_every_share()
     assert _fits(gpu0, 4) and not _fits(gpu0, 5)  # all four shares: no time-slice is left for another claim
 
 
+def _claims_fitting(device: dict[str, Any], asked: int) -> int:
+    """How many claims asking `asked` shares each the device takes at once: each fits the request policy,
+    and together they consume at most its `shares`."""
+    if not _fits(device, asked):
+        return 0
+    return int(device["capacity"]["shares"]["value"]) // asked
+
+
+def test_an_mps_shared_gpu_serves_four_claims_of_one_share_through_the_nvidia_com_gpu_class() -> None:
+    result, advertised = plan_and_names("dgx-a100", CONFIGS["mps"])
+    assert advertised == {"nvidia.com/gpu"}
+    (device_class,) = [c for c in result.classes if c["spec"].get("extendedResourceName") == "nvidia.com/gpu"]
+    devices = _devices(result)
+    assert selected(_expression(device_class), devices) == [f"gpu-{n}" for n in range(8)]
+    gpu0 = devices[0]
+    assert gpu0["allowMultipleAllocations"] is True
+    assert gpu0["attributes"]["sharing"] == {"string": "mps"}
+    one_share = int(gpu0["capacity"]["shares"]["requestPolicy"]["default"])
+    assert one_share == 1
+    assert _claims_fitting(gpu0, one_share) == 4  # four replicas: a fifth claim finds no share left
+
+
 def test_under_strategy_none_a_mig_node_serves_nvidia_com_gpu_from_its_mig_devices() -> None:
     result, advertised = plan_and_names("a100-mig-single", "")
     assert advertised == {"nvidia.com/gpu"}

@@ -24,7 +24,7 @@ from nvidia_device_plugin.dra.kubelet.opaque import opaque_configs
 from nvidia_device_plugin.dra.names import DRIVER_NAME
 from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.nvml.sim.timeslice import SimulatedTimeSlice
-from nvidia_device_plugin.sharing.readiness import read_status
+from nvidia_device_plugin.sharing.readiness import GpuMpsStatus, read_status, status_path, write_status
 from nvidia_device_plugin.snapshot import build_snapshot
 
 from support.dra_kubelet import DraKubeletStandIn, DraNode, dra_node, resource_claim, simulated_node
@@ -350,6 +350,19 @@ def config_mps(node: Node) -> None:
     finally:
         session.close()
     node.dra.node = replace(node.dra.node, config_sharing=config_sharing_of(plans))
+    config_daemon_status(node, GpuMpsStatus(True, "running"))
+
+
+def config_daemon_status(node: Node, status: GpuMpsStatus) -> None:
+    """What mps-control-daemon says of gpu-1's control daemon (its status file under the MPS root)."""
+    write_status(status_path(str(node.mps_root), "nvidia.com/gpu", node.uuid("gpu-1")), status)
+
+
+def put_shares(node: Node, uid: str, name: str, shares: str) -> None:
+    """A claim of gpu-1 whose result consumed `shares` of its `shares` capacity (KEP-5075)."""
+    claim = resource_claim(uid, name=name, results=[("gpu", "gpu-1")])
+    claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"shares": shares}
+    node.dra.api.claims.put(claim)
 
 
 @pytest.mark.parametrize("sharing", [{"strategy": "MPS"}, time_slicing("Long")], ids=["mps", "time-slicing"])
@@ -379,6 +392,65 @@ def test_a_gpu_the_config_does_not_share_through_mps_still_takes_a_claims_sharin
     assert node.daemon_running(UID)
     assert node.time_slice.interval(node.uuid("gpu-3")) == "Short"
     assert kubelet.unprepare([CLAIM])[UID].error == ""
+
+
+def test_claims_on_a_gpu_the_config_shares_through_mps_are_clients_of_its_daemon_with_a_replicas_limits(
+    config_mps: None, node: Node, kubelet: DraKubeletStandIn
+) -> None:
+    put(node, UID, [], device="gpu-1")
+    put(node, OTHER, [], name="other", device="gpu-1")  # a second claim shares the GPU, as replicas do
+    assert kubelet.prepare([CLAIM])[UID].error == ""
+    assert kubelet.prepare([OTHER_CLAIM])[OTHER].error == ""
+    half_mib = node.dra.node.devices["gpu-1"].gpu.memory_bytes // 2 // 2**20
+    daemon = node.mps_root / "nvidia.com/gpu" / node.uuid("gpu-1")
+    for uid in (UID, OTHER):
+        edits = node.dra.spec(uid)["containerEdits"]
+        assert edits["env"][-4:] == [
+            "CUDA_MPS_PIPE_DIRECTORY=/mps/nvidia.com/gpu/pipe",
+            "CUDA_MPS_LOG_DIRECTORY=/mps/nvidia.com/gpu/log",
+            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={half_mib}M",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        ]
+        mounts = {m["containerPath"]: (m["hostPath"], m["options"][0]) for m in edits["mounts"]}
+        assert mounts["/mps/nvidia.com/gpu/pipe"] == (str(daemon / "pipe"), "rw")
+        assert mounts["/mps/nvidia.com/gpu/log"] == (str(daemon / "log"), "ro")
+        assert mounts["/dev/shm"] == (str(node.mps_root / "shm"), "rw")
+        assert not node.pipe(uid).exists()  # no daemon of the claim's own: the config's serves it
+    assert node.time_slice.sets == []
+
+
+def test_a_claim_that_consumed_both_shares_gets_both_replicas_limits(
+    config_mps: None, node: Node, kubelet: DraKubeletStandIn
+) -> None:
+    put_shares(node, UID, "gpu-claim", "2")
+    assert kubelet.prepare([CLAIM])[UID].error == ""
+    env = node.dra.spec(UID)["containerEdits"]["env"]
+    whole_mib = node.dra.node.devices["gpu-1"].gpu.memory_bytes // 2 // 2**20 * 2
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={whole_mib}M" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100" in env
+
+
+def test_consumed_shares_that_are_no_whole_number_refuse_the_claim(
+    config_mps: None, node: Node, kubelet: DraKubeletStandIn
+) -> None:
+    put_shares(node, UID, "gpu-claim", "1.5")
+    error = kubelet.prepare([CLAIM])[UID].error
+    assert "consumedCapacity shares '1.5' is not a whole number of shares" in error
+
+
+def test_a_claim_on_a_gpu_whose_config_daemon_is_not_ready_is_refused_with_its_reason(
+    config_mps: None, node: Node, kubelet: DraKubeletStandIn
+) -> None:
+    config_daemon_status(node, GpuMpsStatus(False, "exited"))
+    put(node, UID, [], device="gpu-1")
+    error = kubelet.prepare([CLAIM])[UID].error
+    assert (
+        f"GPU {node.uuid('gpu-1')} is shared through MPS by this node's config (sharing.mps, resource "
+        "nvidia.com/gpu), whose control daemon is not ready: exited" in error
+    )
+    assert node.dra.started[0].prepared() == {}  # nothing recorded: kubelet retries it
+    config_daemon_status(node, GpuMpsStatus(True, "running"))
+    assert kubelet.prepare([CLAIM])[UID].error == ""
 
 
 def test_a_daemon_that_cannot_start_refuses_the_claim_with_its_reason(node: Node) -> None:

@@ -198,15 +198,17 @@ def test_renamed_resources_get_their_own_class() -> None:
     assert classes["gpu.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
 
 
-def test_mps_resources_get_a_class_whose_devices_are_unshared() -> None:
+def test_mps_resources_get_a_class_whose_devices_are_shared_as_its_replicas() -> None:
     text = "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n"
     result = plan("dgx-a100", text)
     classes = _classes(result)
     assert sorted(classes) == ["gpu.nvidia.com", "gpu.shared.nvidia.com", "mig.nvidia.com"]
     assert classes["gpu.shared.nvidia.com"]["extendedResourceName"] == "nvidia.com/gpu"
     assert "extendedResourceName" not in classes["gpu.nvidia.com"]
-    # MPS through DRA is not done: each claim gets a device of its own, never a GPU without MPS's limits
-    assert all(attribute(d, "sharing") == "none" and "shares" not in d["capacity"] for d in devices(result))
+    # each GPU takes as many claims as the config's replicas, each an MPS client with one replica's limits
+    assert all(
+        attribute(d, "sharing") == "mps" and d["capacity"]["shares"]["value"] == "2" for d in devices(result)
+    )
 
 
 def test_taints_halve_the_slice_size() -> None:

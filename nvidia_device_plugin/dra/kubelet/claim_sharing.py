@@ -11,6 +11,8 @@ config shares through MPS (`sharing.mps`, `config_sharing_of` finds them in the 
 mps-control-daemon runs a control daemon there and sets the GPU's compute mode to EXCLUSIVE_PROCESS, not
 knowing which GPUs DRA owns, so a claim's MPS would start a second daemon (and its release set the compute
 mode back to DEFAULT under the config's), and a claim's time-slice would change under the MPS clients.
+A claim without sharing config on such a GPU is one of that daemon's clients instead (`config_mps_edits`),
+as a container of its replicas is to the device plugin.
 
 `ClaimSharing` carries it out. TimeSlicing on a whole GPU sets the GPU's time-slice (nvml/timeslice.py); on
 a MIG device there is nothing to set. MPS starts one control daemon per claim, with its own pipe and log
@@ -42,7 +44,7 @@ from nvidia_device_plugin.dra.kubelet.opaque import DeviceSharing, OpaqueConfig,
 from nvidia_device_plugin.dra.names import DraDevice
 from nvidia_device_plugin.nvml.timeslice import TimeSliceControl, TimeSliceInterval
 from nvidia_device_plugin.plans.resources import ResourcePlan
-from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S
+from nvidia_device_plugin.sharing import CONTROL_EXECUTABLE, QUIT_TIMEOUT_S, mps
 from nvidia_device_plugin.sharing.mps import CONTAINER_SHM_DIR, host_shm_dir
 from nvidia_device_plugin.sharing.mps_daemon import MpsDaemonSpec, MpsDaemonSupervisor
 from nvidia_device_plugin.sharing.mps_processes import (
@@ -51,7 +53,7 @@ from nvidia_device_plugin.sharing.mps_processes import (
     quit_daemons,
     running_pid,
 )
-from nvidia_device_plugin.sharing.readiness import STATUS_FILE
+from nvidia_device_plugin.sharing.readiness import STATUS_FILE, read_status, status_path
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +147,59 @@ def config_sharing_of(plans: Iterable[ResourcePlan]) -> dict[str, ConfigSharing]
         mode = sharing_mode(plan.sharing)
         for device in plan.devices:
             if mode.shares_devices and device.replica is not None:
-                shared.setdefault(device.gpu_uuid, ConfigSharing(mode, plan.name))
+                shared.setdefault(
+                    device.gpu_uuid, ConfigSharing(mode, plan.name, plan.replicas, device.memory_bytes)
+                )
     return shared
+
+
+def config_mps_edits(
+    results: Sequence[AllocationResult],
+    devices: Mapping[str, DraDevice],
+    config_sharing: Mapping[str, ConfigSharing],
+    claim_mps: Sequence[PreparedSharing],
+    mps_root: str | None,
+) -> dict[str, Any]:
+    """The CDI containerEdits of a claim whose devices are on a GPU the node's config shares through MPS:
+    what the device plugin's Allocate gives a container of one replica (sharing/mps.py, the same code),
+    or of as many as the shares the claim consumed: the pipe and log of mps-control-daemon's control
+    daemon for the GPU, shm, and the replicas' thread and memory limits. ClaimError when that daemon is not
+    ready (its status file, sharing/readiness.py), or where a container would need two pipe directories."""
+    shares: dict[str, int] = {}
+    for result in results:
+        gpu = devices[result.device].gpu.uuid
+        config = config_sharing.get(gpu)
+        if config is not None and config.mode.needs_control_daemon:
+            shares[gpu] = shares.get(gpu, 0) + (result.shares or 1)
+    if not shares:
+        return {}
+    if len(shares) > 1 or claim_mps:
+        gpus = sorted(shares) + [s.gpu_uuid for s in claim_mps]
+        raise ClaimError(
+            f"devices on GPUs {', '.join(gpus)} are each MPS clients of a different control daemon; a "
+            "claim's MPS devices must be on one GPU (a container has one pipe directory)"
+        )
+    ((gpu, count),) = shares.items()
+    config = config_sharing[gpu]
+    where = (
+        f"GPU {gpu} is shared through MPS by this node's config ({config.mode.section}, resource "
+        f"{config.resource})"
+    )
+    if mps_root is None:
+        raise ClaimError(f"{where}, and this plugin was started without the MPS root its clients need")
+    status = read_status(status_path(mps_root, config.resource, gpu))
+    if not status.ready:
+        raise ClaimError(f"{where}, whose control daemon is not ready: {status.reason}")
+    env = mps.client_envs(config.resource, config.memory_bytes, config.replicas, count)
+    mounts = [
+        {
+            "hostPath": m.host_path,
+            "containerPath": m.container_path,
+            "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"],
+        }
+        for m in mps.client_mounts(config.resource, gpu, mps_root)
+    ]
+    return {"env": [f"{name}={value}" for name, value in env.items()], "mounts": mounts}
 
 
 def refuse_config_mps(wanted: Sequence[PreparedSharing], config_sharing: Mapping[str, ConfigSharing]) -> None:

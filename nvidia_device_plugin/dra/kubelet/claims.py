@@ -51,6 +51,7 @@ class AllocationResult:
     pool: str
     device: str
     subrequest: str = ""  # the request as allocated ("r/a100"), which a config's `requests` may name
+    shares: int | None = None  # consumedCapacity["shares"] of a shareable device (KEP-5075), when given
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,24 @@ def allocation_of(ref: ClaimRef, claim: dict[str, Any], driver: str) -> Allocati
             raise ClaimError(
                 f"{ref.label}: status.allocation.devices.results[{n}] lacks request, pool or device"
             )
-        ours.append(AllocationResult(request.split("/", 1)[0], pool, device, request))
+        shares = _consumed_shares(result.get("consumedCapacity"), f"{ref.label}: results[{n}]")
+        ours.append(AllocationResult(request.split("/", 1)[0], pool, device, request, shares))
     return Allocation(tuple(ours), configs)
+
+
+def _consumed_shares(consumed: Any, where: str) -> int | None:
+    """The `shares` a result consumed (a whole-number quantity, "2"); None where it names none."""
+    if consumed is None:
+        return None
+    if not isinstance(consumed, dict):
+        raise ClaimError(f"{where}: consumedCapacity is not an object")
+    value = consumed.get("shares")
+    if value is None:
+        return None
+    text = str(value)
+    if isinstance(value, bool) or not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ClaimError(f"{where}: consumedCapacity shares {value!r} is not a whole number of shares")
+    return int(text)
 
 
 def _field(document: dict[str, Any], *path: str) -> Any:

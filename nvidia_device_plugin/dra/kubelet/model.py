@@ -69,6 +69,8 @@ class ConfigSharing:
 
     mode: SharingModeFacts
     resource: str  # the resource whose replicas share it, "nvidia.com/gpu"
+    replicas: int = 1  # the replicas the config makes of it
+    memory_bytes: int = 0  # its memory (0: not known), which MPS divides among the replicas
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nvidia_device_plugin.base.logs import FailureLog
+from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.dra.kubelet.cdispec import (
     claim_cdi_id,
     claim_spec,
@@ -34,6 +35,7 @@ from nvidia_device_plugin.dra.kubelet.checkpoint import COMPLETED, MADE, STARTED
 from nvidia_device_plugin.dra.kubelet.claim_sharing import (
     ClaimSharing,
     GpuHolder,
+    config_mps_edits,
     mps_edits,
     plan_sharing,
     refuse_config_mps,
@@ -199,6 +201,9 @@ class ClaimPreparer:
         devices = _devices_named(self._driver, allocation.results, node.devices)
         sharing = plan_sharing(allocation.results, allocation.configs, node.devices)
         refuse_config_mps(sharing, node.config_sharing)
+        mps_root = self._sharing.mps_root if self._sharing is not None else None
+        claim_mps = [s for s in sharing if sharing_mode(s.mode).needs_control_daemon]
+        extra = config_mps_edits(allocation.results, node.devices, node.config_sharing, claim_mps, mps_root)
         if sharing and self._sharing is None:
             raise ClaimError(
                 "its opaque config asks for sharing, which this plugin was started without (no time-slice "
@@ -217,7 +222,8 @@ class ClaimPreparer:
             devices, node = self._make_mig(ref, devices, node)
         self._set_up(ref, sharing)
         if devices:
-            extra = mps_edits(self._sharing.mps_root, ref.uid, sharing) if self._sharing else None
+            if self._sharing is not None and claim_mps:
+                extra = mps_edits(self._sharing.mps_root, ref.uid, sharing)
             write_claim_spec(self._spec_dir, claim_spec(ref.uid, devices, node, extra))
         self._record(ref.uid, Entry(ref, COMPLETED, prepared, sharing, self._mig_of(ref.uid)))
         log.info(
