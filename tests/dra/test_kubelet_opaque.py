@@ -453,6 +453,16 @@ def test_a_claim_on_a_gpu_whose_config_daemon_is_not_ready_is_refused_with_its_r
     assert kubelet.prepare([CLAIM])[UID].error == ""
 
 
+def test_a_claim_whose_devices_would_be_clients_of_two_mps_daemons_is_refused(
+    config_mps: None, node: Node, kubelet: DraKubeletStandIn
+) -> None:
+    mps_on_b = config(gpu_config({"strategy": "MPS"}), requests=["b"])
+    put(node, UID, [mps_on_b], results=[("a", "gpu-1"), ("b", "gpu-2")])
+    error = kubelet.prepare([CLAIM])[UID].error
+    assert f"devices on GPUs {node.uuid('gpu-1')}, {node.uuid('gpu-2')} are each MPS clients" in error
+    assert node.dra.started[0].prepared() == {} and not node.pipe(UID).exists()
+
+
 def test_a_daemon_that_cannot_start_refuses_the_claim_with_its_reason(node: Node) -> None:
     node.ready_timeout_s = 1.0  # a claim the daemon cannot serve is refused sooner
     node.plugin()
