@@ -8,10 +8,8 @@ and an XID from the `--simulate-events` file reaches the published slice."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +23,10 @@ from nvidia_device_plugin.plans.resources import physical_uuid_of
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
+from support.dra_daemon import DraApiServer, start_dra_daemon
 from support.dra_kubelet import DraKubeletStandIn, resource_claim
 from support.dra_rules import validate_objects
-from support.fake_apiserver import NODE, FakeResourceSliceApi, ResourceClaims, write_kubeconfig
+from support.fake_apiserver import NODE
 from support.podresources_standin import PodResourcesStandIn
 from support.waiting import wait_for
 
@@ -36,19 +35,6 @@ UUIDS = [g.uuid for g in sorted(load_node(PRESET).gpus, key=lambda g: g.index)]
 UID = "0f3c6b1e-2222-4a5e-9d7e-000000000024"
 CLAIM = ("default", "gpu-claim", UID)
 HANDOVER_S = "0.02"  # pod-resources readings while a GPU moves (the stand-in answers at once)
-
-
-class DraApiServer(FakeResourceSliceApi):
-    """The one API server the daemon talks to: the slices stand-in, which also serves ResourceClaims."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.claims = ResourceClaims()
-
-    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
-        if method == "GET" and (answer := self.claims.answer(path)) is not None:
-            return answer
-        return super().handle(method, path, query, body)
 
 
 @dataclass
@@ -74,24 +60,9 @@ class Node:
     def start(self, *flags: str) -> subprocess.Popen[str]:
         """`run` in a process of its own, with the DRA mode's paths under `root` and `flags` added."""
         log = self.root / f"daemon-{len(self.processes)}.log"
-        args = [
-            "run", "--simulate", PRESET, "--device-plugin-path", str(self.root), "--metrics-address", "",
-            "--node-name", NODE, "--cdi-spec-dir", str(self.spec_dir),
-            "--pod-resources-socket", str(self.pods.socket),
-            "--kubelet-plugins-dir", str(self.root / "plugins"),
-            "--kubelet-registry-dir", str(self.root / "plugins_registry"),
-            "--dra-handover-interval", HANDOVER_S, *flags,
-        ]  # fmt: skip
-        env = {**os.environ, "KUBECONFIG": str(write_kubeconfig(self.root / "kubeconfig", self.api.url))}
-        env.pop("KUBERNETES_SERVICE_HOST", None)  # the kubeconfig, never an in-cluster service account
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "nvidia_device_plugin", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-            )
+        process = start_dra_daemon(
+            self.root, self.api, self.pods, log, PRESET, "--dra-handover-interval", HANDOVER_S, *flags
+        )
         self.processes.append((process, log))
         return process
 

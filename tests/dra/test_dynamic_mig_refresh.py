@@ -8,14 +8,11 @@ config read, and an edit that changes nothing applies nothing."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,8 +25,8 @@ from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.snapshot import Snapshot
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.dra_daemon import DraApiServer, start_dra_daemon
 from support.dra_kubelet import DraKubeletStandIn, resource_claim
-from support.fake_apiserver import NODE, FakeResourceSliceApi, ResourceClaims, write_kubeconfig
 from support.podresources_standin import PodResourcesStandIn
 from support.waiting import wait_for
 
@@ -37,19 +34,6 @@ UID = "0f3c6b1e-3333-4a5e-9d7e-000000000032"
 CLAIM = ("default", "mig-claim", UID)
 DEVICE = "gpu-0-mig-1g10gb-19-6"  # 1g.10gb at slice 6 of GPU 0 (minor 0)
 MIG_COUNT = "nvidia.com/mig-1g.10gb.count"  # GFD's label under the mixed strategy, for the made device
-
-
-class DraApiServer(FakeResourceSliceApi):
-    """The slices stand-in, which also serves ResourceClaims."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.claims = ResourceClaims()
-
-    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
-        if method == "GET" and (answer := self.claims.answer(path)) is not None:
-            return answer
-        return super().handle(method, path, query, body)
 
 
 @pytest.fixture
@@ -68,23 +52,8 @@ def published_uuid(api: DraApiServer) -> str | None:
 
 
 def _start(root: Path, api: DraApiServer, pods: PodResourcesStandIn, log: Path) -> subprocess.Popen[str]:
-    args = [
-        "run", "--simulate", "a100-mig-dynamic", "--device-plugin-path", str(root), "--metrics-address", "",
-        "--node-name", NODE, "--cdi-spec-dir", str(root / "cdi"), "--pod-resources-socket", str(pods.socket),
-        "--kubelet-plugins-dir", str(root / "plugins"),
-        "--kubelet-registry-dir", str(root / "plugins_registry"), "--dra", "--dra-dynamic-mig",
-        "--labels-file", str(root / "labels"), "--mig-strategy", "mixed",
-    ]  # fmt: skip
-    env = {**os.environ, "KUBECONFIG": str(write_kubeconfig(root / "kubeconfig", api.url))}
-    env.pop("KUBERNETES_SERVICE_HOST", None)
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "nvidia_device_plugin", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
+    flags = ("--dra", "--dra-dynamic-mig", "--mig-strategy", "mixed", "--labels-file", str(root / "labels"))
+    return start_dra_daemon(root, api, pods, log, "a100-mig-dynamic", *flags)
 
 
 def mig_count(labels_file: Path) -> int:

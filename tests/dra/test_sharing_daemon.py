@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,8 @@ from nvidia_device_plugin.nvml.sim.state import TIME_SLICES_FILE
 from nvidia_device_plugin.sharing.mps_processes import pid_alive, running_pid
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
+from support.dra_daemon import DraApiServer, start_dra_daemon
 from support.dra_kubelet import DraKubeletStandIn, resource_claim
-from support.fake_apiserver import NODE, FakeResourceSliceApi, ResourceClaims, write_kubeconfig
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines
 from support.podresources_standin import PodResourcesStandIn
 from support.waiting import wait_for
@@ -41,19 +40,6 @@ UUIDS = [g.uuid for g in sorted(load_node(PRESET).gpus, key=lambda g: g.index)]
 SLICED_UID = "0f3c6b1e-3333-4a5e-9d7e-000000000029"
 MPS_UID = "0f3c6b1e-4444-4a5e-9d7e-000000000029"
 API = "resource.nvidia.com/v1beta1"
-
-
-class DraApiServer(FakeResourceSliceApi):
-    """The API server the daemon talks to: the slices stand-in, which also serves ResourceClaims."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.claims = ResourceClaims()
-
-    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
-        if method == "GET" and (answer := self.claims.answer(path)) is not None:
-            return answer
-        return super().handle(method, path, query, body)
 
 
 @dataclass
@@ -82,29 +68,20 @@ class Node:
         install_fake_control(bin_dir)
         self.tmp.mkdir(exist_ok=True)
         log = self.root / f"daemon-{len(self.processes)}.log"
-        args = [
-            "run", "--simulate", PRESET, "--device-plugin-path", str(self.root), "--metrics-address", "",
-            "--node-name", NODE, "--cdi-spec-dir", str(self.root / "cdi"), "--mps-root", str(self.mps_root),
-            "--pod-resources-socket", str(self.pods.socket),
-            "--kubelet-plugins-dir", str(self.root / "plugins"),
-            "--kubelet-registry-dir", str(self.root / "plugins_registry"),
-            "--dra-handover-interval", "0.02", "--dra", "--dra-gpus", "0,1",
-        ]  # fmt: skip
+        flags = [
+            "--mps-root",
+            str(self.mps_root),
+            "--dra-handover-interval",
+            "0.02",
+            "--dra",
+            "--dra-gpus",
+            "0,1",
+        ]
         env = {
-            **os.environ,
-            "KUBECONFIG": str(write_kubeconfig(self.root / "kubeconfig", self.api.url)),
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
             "TMPDIR": str(self.tmp),  # the simulated host tree (and its time-slices file) goes here
         }
-        env.pop("KUBERNETES_SERVICE_HOST", None)  # the kubeconfig, never an in-cluster service account
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "nvidia_device_plugin", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=env,
-            )
+        process = start_dra_daemon(self.root, self.api, self.pods, log, PRESET, *flags, env=env)
         self.processes.append((process, log))
         return process
 

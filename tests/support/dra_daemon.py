@@ -1,0 +1,58 @@
+"""A `run --dra` daemon in a process of its own, for the DRA tests that need one: the API server it talks to
+(the slices stand-in, which also serves ResourceClaims) and the command line and environment that put every
+path of the DRA mode under one test's root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from support.fake_apiserver import NODE, FakeResourceSliceApi, ResourceClaims, write_kubeconfig
+from support.podresources_standin import PodResourcesStandIn
+
+
+class DraApiServer(FakeResourceSliceApi):
+    """The one API server the daemon talks to: the slices stand-in, which also serves ResourceClaims."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims = ResourceClaims()
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]], body: Any) -> tuple[int, Any]:
+        if method == "GET" and (answer := self.claims.answer(path)) is not None:
+            return answer
+        return super().handle(method, path, query, body)
+
+
+def start_dra_daemon(
+    root: Path,
+    api: DraApiServer,
+    pods: PodResourcesStandIn,
+    log: Path,
+    preset: str,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    """`run --simulate <preset>` with its sockets, CDI specs (`root`/cdi) and kubelet dirs under `root`, its
+    output in `log`, `flags` added and `env` over this process's environment."""
+    args = [
+        "run", "--simulate", preset, "--device-plugin-path", str(root), "--metrics-address", "",
+        "--node-name", NODE, "--cdi-spec-dir", str(root / "cdi"), "--pod-resources-socket", str(pods.socket),
+        "--kubelet-plugins-dir", str(root / "plugins"),
+        "--kubelet-registry-dir", str(root / "plugins_registry"), *flags,
+    ]  # fmt: skip
+    environment = {**os.environ, **(env or {})}
+    environment["KUBECONFIG"] = str(write_kubeconfig(root / "kubeconfig", api.url))
+    environment.pop("KUBERNETES_SERVICE_HOST", None)  # the kubeconfig, never an in-cluster service account
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "nvidia_device_plugin", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environment,
+        )
