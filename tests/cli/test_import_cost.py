@@ -126,11 +126,8 @@ def test_check_config_imports_no_server_metrics_or_kubernetes(config_file: Path)
     assert sorted(loaded & set(NOT_FOR_READING_COMMANDS)) == []
 
 
-def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(
-    plugin_dir: Path, kubelet: KubeletStandIn
-) -> None:
-    argv = ["run", "--simulate", "t4-single", "--device-plugin-path", str(plugin_dir)]
-    argv += ["--metrics-address", ""]
+def _modules_of_a_served_run(argv: list[str], kubelet: KubeletStandIn) -> set[str]:
+    """The modules `argv` (a `run`) had loaded once it served kubelet and stopped on SIGTERM."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _REPORT_MODULES, *argv],
         stdout=subprocess.PIPE,
@@ -144,7 +141,15 @@ def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(
     finally:
         proc.kill()
     assert proc.returncode == 0, errors
-    loaded = _modules(output)
+    return _modules(output)
+
+
+def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(
+    plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    argv = ["run", "--simulate", "t4-single", "--device-plugin-path", str(plugin_dir)]
+    argv += ["--metrics-address", ""]
+    loaded = _modules_of_a_served_run(argv, kubelet)
     assert {"grpc", "nvidia_device_plugin.daemons.run"} <= loaded  # it served
     assert sorted(loaded & set(NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA)) == []
     assert sorted(loaded & set(NOT_FOR_A_PLAIN_RUN)) == []
@@ -158,19 +163,6 @@ def test_run_with_a_watched_config_file_loads_no_hashlib(
     # OpenSSL's `_hashlib` is about 0.5 MB of RSS (issue 28): the file's fingerprint uses CPython's SHA-256.
     argv = ["run", "--simulate", "t4-single", "--device-plugin-path", str(plugin_dir)]
     argv += ["--metrics-address", "", "--config-file", str(config_file)]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _REPORT_MODULES, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
-        proc.send_signal(signal.SIGTERM)
-        output, errors = proc.communicate(timeout=scaled(30))
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, errors
-    loaded = _modules(output)
+    loaded = _modules_of_a_served_run(argv, kubelet)
     assert "nvidia_device_plugin.config.watch" in loaded  # it did watch the file
     assert sorted(loaded & {"hashlib", "_hashlib"}) == []

@@ -8,7 +8,6 @@ and an XID from the `--simulate-events` file reaches the published slice."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from nvidia_device_plugin.plans.resources import physical_uuid_of
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
-from support.dra_daemon import DraApiServer, start_dra_daemon
+from support.dra_daemon import DraApiServer, daemon_output, start_dra_daemon, stop_daemon
 from support.dra_kubelet import DraKubeletStandIn, resource_claim
 from support.dra_rules import validate_objects
 from support.fake_apiserver import NODE
@@ -67,15 +66,10 @@ class Node:
         return process
 
     def stop(self, process: subprocess.Popen[str]) -> str:
-        """SIGTERM, as kubelet stops the pod; the process's output once it exited cleanly."""
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(30)
-        output = self.output(process)
-        assert code == 0, output
-        return output
+        return stop_daemon(self.processes, process)
 
     def output(self, process: subprocess.Popen[str]) -> str:
-        return next(log.read_text() for p, log in self.processes if p is process)
+        return daemon_output(self.processes, process)
 
     def plugin_gpus(self) -> set[str]:
         """The GPUs the device plugin lists to kubelet now, through its current stream: none before that

@@ -14,7 +14,7 @@ import pytest
 from nvidia_device_plugin.dra.kubelet.cdispec import claim_spec_file
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
-from support.dra_daemon import DraApiServer, start_dra_daemon
+from support.dra_daemon import DraApiServer, published_uuid, start_dra_daemon
 from support.dra_kubelet import DraKubeletStandIn, resource_claim
 from support.podresources_standin import PodResourcesStandIn
 from support.waiting import wait_for
@@ -28,16 +28,6 @@ DEVICE = "gpu-0-mig-1g10gb-19-6"  # 1g.10gb at slice 6 of GPU 0 (minor 0)
 def api() -> Iterator[DraApiServer]:
     with DraApiServer() as server:
         yield server
-
-
-def published_uuid(api: DraApiServer) -> str | None:
-    """The uuid attribute DEVICE is published with ("" unmade); None while it is not in the current slices
-    (a pool generation is written slice by slice)."""
-    device = api.devices().get(DEVICE)
-    if device is None:
-        return None
-    uuid: str = device["attributes"].get("uuid", {}).get("string", "")
-    return uuid
 
 
 def _start(root: Path, api: DraApiServer, pods: PodResourcesStandIn, log: Path) -> subprocess.Popen[str]:
@@ -55,14 +45,14 @@ def test_the_daemon_makes_the_claims_mig_device_and_publishes_it_at_once(
     ):
         process = _start(plugin_dir, api, pods, log)
         try:
-            wait_for(lambda: published_uuid(api) == "", "the placement to be published, unmade")
+            wait_for(lambda: published_uuid(api, DEVICE) == "", "the placement to be published, unmade")
             api.claims.put(resource_claim(UID, name="mig-claim", results=[("mig", DEVICE)]))
             answer = dra.prepare([CLAIM])[UID]
             assert answer.error == "", answer.error
             assert (plugin_dir / "cdi" / claim_spec_file(UID)).exists()
-            wait_for(lambda: (published_uuid(api) or "").startswith("MIG-"), "the made device's UUID")
+            wait_for(lambda: (published_uuid(api, DEVICE) or "").startswith("MIG-"), "the made device's UUID")
             assert dra.unprepare([CLAIM])[UID].error == ""
-            wait_for(lambda: published_uuid(api) == "", "the placement published unmade again")
+            wait_for(lambda: published_uuid(api, DEVICE) == "", "the placement published unmade again")
             process.send_signal(signal.SIGTERM)
             assert process.wait(30) == 0, log.read_text()
         finally:

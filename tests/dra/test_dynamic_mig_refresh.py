@@ -25,7 +25,7 @@ from nvidia_device_plugin.nvml.session import open_nvml
 from nvidia_device_plugin.snapshot import Snapshot
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
-from support.dra_daemon import DraApiServer, start_dra_daemon
+from support.dra_daemon import DraApiServer, published_uuid, start_dra_daemon
 from support.dra_kubelet import DraKubeletStandIn, resource_claim
 from support.podresources_standin import PodResourcesStandIn
 from support.waiting import wait_for
@@ -40,15 +40,6 @@ MIG_COUNT = "nvidia.com/mig-1g.10gb.count"  # GFD's label under the mixed strate
 def api() -> Iterator[DraApiServer]:
     with DraApiServer() as server:
         yield server
-
-
-def published_uuid(api: DraApiServer) -> str | None:
-    """The uuid attribute DEVICE is published with ("" unmade); None while it is not in the current slices."""
-    device = api.devices().get(DEVICE)
-    if device is None:
-        return None
-    uuid: str = device["attributes"].get("uuid", {}).get("string", "")
-    return uuid
 
 
 def _start(root: Path, api: DraApiServer, pods: PodResourcesStandIn, log: Path) -> subprocess.Popen[str]:
@@ -78,17 +69,17 @@ def test_a_made_mig_device_reaches_the_labels_without_a_rediscovery(
     ):
         process = _start(plugin_dir, api, pods, log)
         try:
-            wait_for(lambda: published_uuid(api) == "", "the placement to be published, unmade")
+            wait_for(lambda: published_uuid(api, DEVICE) == "", "the placement to be published, unmade")
             wait_for(labels.exists, "the labels file")
             assert mig_count(labels) == 0, labels.read_text()
             api.claims.put(resource_claim(UID, name="mig-claim", results=[("mig", DEVICE)]))
             answer = dra.prepare([CLAIM])[UID]
             assert answer.error == "", answer.error
             wait_for(lambda: mig_count(labels) == 1, "the made MIG device in the labels file")
-            wait_for(lambda: (published_uuid(api) or "").startswith("MIG-"), "the made device's UUID")
+            wait_for(lambda: (published_uuid(api, DEVICE) or "").startswith("MIG-"), "the made device's UUID")
             assert dra.unprepare([CLAIM])[UID].error == ""
             wait_for(lambda: mig_count(labels) == 0, "the destroyed MIG device gone from the labels file")
-            wait_for(lambda: published_uuid(api) == "", "the placement published unmade again")
+            wait_for(lambda: published_uuid(api, DEVICE) == "", "the placement published unmade again")
             process.send_signal(signal.SIGTERM)
             assert process.wait(30) == 0, log.read_text()
         finally:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from nvidia_device_plugin.nvml.sim.state import TIME_SLICES_FILE
 from nvidia_device_plugin.sharing.mps_processes import pid_alive, running_pid
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
-from support.dra_daemon import DraApiServer, start_dra_daemon
+from support.dra_daemon import DraApiServer, daemon_output, start_dra_daemon, stop_daemon
 from support.dra_kubelet import DraKubeletStandIn, resource_claim
 from support.fake_mps import install_fake_control, kill_fake_daemons, lines
 from support.podresources_standin import PodResourcesStandIn
@@ -86,15 +85,10 @@ class Node:
         return process
 
     def stop(self, process: subprocess.Popen[str]) -> str:
-        """SIGTERM, as kubelet stops the pod; the process's output once it exited cleanly."""
-        process.send_signal(signal.SIGTERM)
-        code = process.wait(30)
-        output = self.output(process)
-        assert code == 0, output
-        return output
+        return stop_daemon(self.processes, process)
 
     def output(self, process: subprocess.Popen[str]) -> str:
-        return next(log.read_text() for p, log in self.processes if p is process)
+        return daemon_output(self.processes, process)
 
     def time_slices(self) -> dict[str, str]:
         """GPU UUID -> its time-slice, as the daemon's simulated node holds it now."""

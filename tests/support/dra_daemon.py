@@ -5,6 +5,7 @@ path of the DRA mode under one test's root."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -56,3 +57,29 @@ def start_dra_daemon(
             text=True,
             env=environment,
         )
+
+
+Started = list[tuple[subprocess.Popen[str], Path]]  # the daemon processes a test started, with their logs
+
+
+def daemon_output(started: Started, process: subprocess.Popen[str]) -> str:
+    return next(log.read_text() for p, log in started if p is process)
+
+
+def stop_daemon(started: Started, process: subprocess.Popen[str]) -> str:
+    """SIGTERM, as kubelet stops the pod; the process's output once it exited cleanly."""
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(30)
+    output = daemon_output(started, process)
+    assert code == 0, output
+    return output
+
+
+def published_uuid(api: DraApiServer, device: str) -> str | None:
+    """The uuid attribute `device` is published with ("" for a dynamic-MIG placement not made); None while it
+    is not in the current slices (a pool generation is written slice by slice)."""
+    published = api.devices().get(device)
+    if published is None:
+        return None
+    uuid: str = published["attributes"].get("uuid", {}).get("string", "")
+    return uuid
