@@ -43,6 +43,11 @@ COPY nvidia_device_plugin ./nvidia_device_plugin
 # (--python), --no-deps from the lock, and the check below fails the build if anything is missing or unpinned.
 # --require-hashes: every file pip takes from an index must have one of the lock's sha256 (image/hash_lock.py
 # writes them); the project's own wheel, built just above, is installed from the local file (--no-index).
+# Bytecode: the DaemonSets' root filesystem is read-only, so without .pyc files every start of every program
+# compiles each module it imports (in the image, the daemon's imports took 280-390 ms instead of 130-180, the
+# kubernetes client's 440-600 instead of 170-200). The builder's own bytecode (from the runs below) is removed,
+# then compileall writes all of it once, as unchecked-hash .pyc: no timestamp in them, and Python does not
+# re-read the source to check them (nothing in the image changes).
 RUN set -eu; \
     if [ -n "$PIP_CA_BUNDLE" ]; then \
         cat /etc/ssl/certs/ca-certificates.crt > /tmp/ca.pem 2>/dev/null || true; \
@@ -69,6 +74,7 @@ RUN set -eu; \
     /opt/venv/bin/nvidia-device-plugin --version; \
     /opt/venv/bin/config-manager --help > /dev/null; \
     find /opt/venv -name __pycache__ -prune -exec rm -rf {} +; \
+    /opt/venv/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/venv/lib > /dev/null; \
     rm -rf /tmp/wheels /tmp/ca.pem
 
 FROM ${BASE_IMAGE} AS runtime
