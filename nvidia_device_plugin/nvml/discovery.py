@@ -7,6 +7,7 @@ GPUs (topology.py) and sysfs (pci.py) have modules of their own.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,7 +53,12 @@ class _Host:
 
     sysfs_root: Path
     proc_root: Path | None  # None: MIG capability minors are not resolved
-    caps: CapsMinors
+
+    @functools.cached_property
+    def caps(self) -> CapsMinors:
+        """The MIG capability minors, read when a MIG device first needs them: a node with no GPU in MIG
+        mode never parses the file (a line per possible GPU and compute instance, about 100 KiB)."""
+        return read_mig_minors(self.proc_root) if self.proc_root is not None else {}
 
 
 def discover(nv: NvmlApi, sysfs_root: Path = Path("/sys"), proc_root: Path | None = None) -> Inventory:
@@ -64,7 +70,7 @@ def discover(nv: NvmlApi, sysfs_root: Path = Path("/sys"), proc_root: Path | Non
     """
     count = nvml_call(nv.nvmlDeviceGetCount, what="counting GPUs")
     reader = Reader(nv)
-    host = _Host(sysfs_root, proc_root, read_mig_minors(proc_root) if proc_root is not None else {})
+    host = _Host(sysfs_root, proc_root)
     found = [read for i in range(count) if (read := _read_gpu(reader, i, host)) is not None]
     gpus, links = read_links(reader, found)
     driver = reader.call(
@@ -96,7 +102,7 @@ def rediscover_gpu(
     """GPU `index` read again on its own, as `discover` reads each GPU (its links to other GPUs are not
     read): what a MIG change on it needs seen, without reading every GPU. None when it cannot be read."""
     reader = Reader(nv)
-    host = _Host(sysfs_root, proc_root, read_mig_minors(proc_root) if proc_root is not None else {})
+    host = _Host(sysfs_root, proc_root)
     read = _read_gpu(reader, index, host)
     return None if read is None else read[0]
 

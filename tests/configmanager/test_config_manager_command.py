@@ -18,6 +18,7 @@ import pytest
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.namespaces import pid_namespace_prefix
+from support.programs import clean_environment
 from support.signal_targets import start_recorder
 from support.waiting import scaled, wait_for
 
@@ -29,14 +30,13 @@ def _environment(tmp_path: Path, server: FakeApiServer, names: list[str], **extr
     srcdir.mkdir()
     for name in names:
         (srcdir / name).write_text(f"# {name}\nversion: v1\n")
-    return {
-        "PATH": os.environ["PATH"],
-        "KUBECONFIG": str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
-        "NODE_NAME": NODE,
-        "CONFIG_FILE_SRCDIR": str(srcdir),
-        "CONFIG_FILE_DST": str(tmp_path / "config.yaml"),
+    return clean_environment(
+        KUBECONFIG=str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
+        NODE_NAME=NODE,
+        CONFIG_FILE_SRCDIR=str(srcdir),
+        CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
         **extra,
-    }
+    )
 
 
 def _target(tmp_path: Path) -> str | None:

@@ -30,6 +30,7 @@ from nvidia_device_plugin.configmanager.processes import find_processes
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.programs import clean_environment
 from support.waiting import scaled, wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
@@ -40,14 +41,13 @@ def _environment(tmp_path: Path, url: str, names: list[str], **extra: str) -> di
     srcdir.mkdir(exist_ok=True)
     for name in names:
         (srcdir / name).write_text(f"# {name}\nversion: v1\n")
-    return {
-        "PATH": os.environ["PATH"],
-        "KUBECONFIG": str(write_kubeconfig(tmp_path / "kubeconfig", url)),
-        "NODE_NAME": NODE,
-        "CONFIG_FILE_SRCDIR": str(srcdir),
-        "CONFIG_FILE_DST": str(tmp_path / "config.yaml"),
+    return clean_environment(
+        KUBECONFIG=str(write_kubeconfig(tmp_path / "kubeconfig", url)),
+        NODE_NAME=NODE,
+        CONFIG_FILE_SRCDIR=str(srcdir),
+        CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
         **extra,
-    }
+    )
 
 
 def _run(env: dict[str, str], timeout: float = scaled(90)) -> subprocess.CompletedProcess[str]:

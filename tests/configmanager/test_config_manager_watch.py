@@ -24,6 +24,7 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer
+from support.programs import clean_environment
 from support.waiting import scaled, wait_for
 
 
@@ -166,15 +167,14 @@ def test_oneshot_command_links_once_and_exits(tmp_path: Path) -> None:
                 }
             )
         )
-        env = {
-            "PATH": os.environ["PATH"],
-            "KUBECONFIG": str(kubeconfig),
-            "NODE_NAME": NODE,
-            "CONFIG_FILE_SRCDIR": str(srcdir),
-            "CONFIG_FILE_DST": str(dst),
-            "ONESHOT": "true",
-            "SEND_SIGNAL": "false",  # its default is true: never signal the machine's plugin processes
-        }
+        env = clean_environment(
+            KUBECONFIG=str(kubeconfig),
+            NODE_NAME=NODE,
+            CONFIG_FILE_SRCDIR=str(srcdir),
+            CONFIG_FILE_DST=str(dst),
+            ONESHOT="true",
+            SEND_SIGNAL="false",  # its default is true: never signal the machine's plugin processes
+        )
         command = [str(Path(sys.executable).parent / "config-manager")]
         done = subprocess.run(
             command, env=env, capture_output=True, text=True, timeout=scaled(60), check=False

@@ -28,6 +28,7 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.programs import clean_environment
 from support.waiting import scaled, wait_for
 
 
@@ -108,14 +109,13 @@ def test_the_config_manager_sidecar_does_not_hammer_an_api_server_that_expires_e
     with FakeApiServer({LABEL: "a"}) as server:
         for _ in range(500):
             server.expire_watch()
-        env = {
-            "PATH": os.environ["PATH"],
-            "KUBECONFIG": str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
-            "NODE_NAME": NODE,
-            "CONFIG_FILE_SRCDIR": str(srcdir),
-            "CONFIG_FILE_DST": str(tmp_path / "config.yaml"),
-            "SEND_SIGNAL": "false",  # its default is true: never signal the machine's plugin processes
-        }
+        env = clean_environment(
+            KUBECONFIG=str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
+            NODE_NAME=NODE,
+            CONFIG_FILE_SRCDIR=str(srcdir),
+            CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
+            SEND_SIGNAL="false",  # its default is true: never signal the machine's plugin processes
+        )
         command = [str(Path(sys.executable).parent / "config-manager")]
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         try:

@@ -52,6 +52,7 @@ from support.checks import assert_all
 from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
 from support.kubelet_standin import kubelet_standin
 from support.namespaces import pid_namespace_prefix
+from support.programs import CHILD_PATH
 from support.waiting import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +93,13 @@ def _remap(env: dict[str, str], root: Path) -> dict[str, str]:
 
 def _process_env(container_env: dict[str, str]) -> dict[str, str]:
     # PATH as the image has it (the venv's bin first); nothing else of the test's environment leaks in.
-    return {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": "/nonexistent", **container_env}
+    # PYTHONPATH: test-only packages hidden, as the image has none (support/programs.py).
+    return {
+        "PATH": f"{BIN}:/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "PYTHONPATH": str(CHILD_PATH),
+        **container_env,
+    }
 
 
 # ---- settings: the Operator's values and NVIDIA's flag forms -----------------------------------------------

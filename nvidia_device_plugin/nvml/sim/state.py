@@ -118,6 +118,9 @@ class SimulatorState:
         self._bare_gpu_instances: dict[int, dict[int, BareGpuInstance]] = {}
         self._in_use: set[str] = set()
         self._made = 0
+        # GPU index -> its NVLinks' remotes, made on first use: a node's links and PCI bus IDs never change
+        # (a MIG edit replaces only MIG devices), and discovery asks for them per link, several times each.
+        self._nvlink_remotes: dict[int, list[tuple[int, str]]] = {}
         # The GPUs' compute time-slices (nvidia-smi's, not NVML's: nvml/timeslice.py), kept in the host tree.
         self.time_slices = SimulatedTimeSlice([g.uuid for g in node.gpus])
         for spec in node.hangs:
@@ -365,6 +368,12 @@ class SimulatorState:
 
     def _link_targets(self, gpu: GpuSpec) -> list[tuple[int, str]]:
         """Per NVLink of `gpu`: (remote device type, remote PCI bus ID)."""
+        targets = self._nvlink_remotes.get(gpu.index)
+        if targets is None:
+            targets = self._nvlink_remotes[gpu.index] = self._nvlink_remotes_of(gpu)
+        return targets
+
+    def _nvlink_remotes_of(self, gpu: GpuSpec) -> list[tuple[int, str]]:
         targets: list[tuple[int, str]] = []
         for a, b, lanes in self.node.nvlinks:
             if gpu.index in (a, b):
