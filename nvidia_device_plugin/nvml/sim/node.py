@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,9 @@ from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
 from nvidia_device_plugin.nvml.sim.placement import check_layout
 from nvidia_device_plugin.nvml.sim.uuids import name_uuid
 
-_PRESET_PACKAGE = "nvidia_device_plugin.nvml.sim.presets"
+# The presets ship as package data, files beside this module in every install (the package is never run
+# from a zip); a path, not importlib.resources, which loads zipfile and its compressors into every run.
+_PRESETS = Path(__file__).parent / "presets"
 _MAX_NODE_FILE_BYTES = 4 * 1024 * 1024
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
@@ -160,14 +161,13 @@ def _load_yaml(text: str) -> Any:
 
 
 def preset_names() -> list[str]:
-    files = resources.files(_PRESET_PACKAGE).iterdir()
-    return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
+    return sorted(f.name.removesuffix(".yaml") for f in _PRESETS.iterdir() if f.name.endswith(".yaml"))
 
 
 def load_node(name_or_path: str) -> NodeSpec:
     """A preset by name (`dgx-a100`) or a YAML node file by path."""
     if name_or_path in preset_names():
-        text = resources.files(_PRESET_PACKAGE).joinpath(f"{name_or_path}.yaml").read_text()
+        text = (_PRESETS / f"{name_or_path}.yaml").read_text()
         return parse_node(_load_yaml(text), source=f"preset {name_or_path}")
     path = Path(name_or_path)
     if not path.is_file():
