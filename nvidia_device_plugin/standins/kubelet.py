@@ -94,6 +94,7 @@ class KubeletStandIn:
         reject: Callable[[pb.RegisterRequest], str | None] | None = None,
         register_delay: float = 0.0,
         *,
+        register_hold: Callable[[], None] | None = None,
         topology_policy: TopologyPolicy = "none",
         node_status_interval: float = NODE_STATUS_INTERVAL_S,
         endpoint_stop_grace: float = ENDPOINT_STOP_GRACE_S,
@@ -105,8 +106,10 @@ class KubeletStandIn:
         self.plugin_dir = plugin_dir
         self.socket = plugin_dir / "kubelet.sock"
         self.reject = reject
-        # Seconds Register takes to answer after the dial-back, as a busy kubelet can.
+        # Seconds Register takes to answer after the dial-back, as a busy kubelet can; `register_hold`, when
+        # given, is called there too: a test holds the answer until its own condition (not a fixed time).
         self.register_delay = register_delay
+        self.register_hold = register_hold
         self.topology_policy = topology_policy
         self.node_status_interval = node_status_interval
         self.endpoint_stop_grace = endpoint_stop_grace
@@ -240,6 +243,8 @@ class KubeletStandIn:
             ).start()
         if self.register_delay > 0:
             time.sleep(self.register_delay)
+        if self.register_hold is not None:
+            self.register_hold()
         return None
 
     def _run_client(self, client: PluginEndpoint) -> None:

@@ -5,8 +5,8 @@ The racing stranger opens its stream while the plugin's Register is in flight: t
 runs inside Register, before kubelet dials the plugin back, so the stranger's stream is the first one the
 plugin sees after it began registering. That is the order the field saw (the stranger's stream came 11 ms
 before Register returned); here it is made certain rather than likely. The late stranger opens its stream
-after kubelet dialled back and opened its own, before Register returned (the stand-in answers
-`register_delay` later): the one order the plugin cannot tell from kubelet's own.
+after kubelet dialled back and opened its own, before Register returned (the stand-in holds its answer
+until the stranger has tried, `register_hold`): the one order the plugin cannot tell from kubelet's own.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from nvidia_device_plugin.plugin.manager import PluginManager, ResourceSpec
 from nvidia_device_plugin.plugin.streams import MAX_REGISTERING_STREAMS
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
-from support.waiting import eventually, scaled
+from support.waiting import HANG_GUARD_S, eventually, scaled
 
 RESOURCE = "example.com/dev"
 SOCKET = "fake-0.sock"
@@ -96,12 +96,22 @@ def late_stranger_kubelet(
 ) -> Iterator[KubeletStandIn]:
     """A stand-in whose first Register answers only after the stranger tried to open `count` streams beside
     kubelet's (whether each opened is appended to `opened`)."""
-    with KubeletStandIn(plugin_dir, register_delay=scaled(1.0), node_status_interval=0.05) as kubelet:
+    tried = threading.Event()
+
+    def until_the_stranger_tried() -> None:
+        tried.wait(HANG_GUARD_S)  # set once, so later registrations answer at once
+
+    with KubeletStandIn(
+        plugin_dir, register_hold=until_the_stranger_tried, node_status_interval=0.05
+    ) as kubelet:
 
         def open_beside_kubelets() -> None:
-            if kubelet.wait_for_resources([RESOURCE]):  # kubelet's stream delivers: Register not answered yet
-                for _ in range(count):
-                    (opened if opened is not None else []).append(stranger.try_stream())
+            try:
+                if kubelet.wait_for_resources([RESOURCE]):  # kubelet's stream delivers: Register not answered
+                    for _ in range(count):
+                        (opened if opened is not None else []).append(stranger.try_stream())
+            finally:
+                tried.set()
 
         opener = threading.Thread(target=open_beside_kubelets, name="late-stranger", daemon=True)
         opener.start()
