@@ -28,6 +28,7 @@ import io
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -298,6 +299,16 @@ class _Server(http.server.ThreadingHTTPServer):
         finally:
             if isinstance(request, socket.socket):
                 self.head_read(request)
+
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client: object) -> None:
+        """socketserver's own prints a traceback to stderr, outside the log and its format. A client that
+        hung up before its answer was written (a probe's timeout, a scraper's) is routine; anything else is
+        logged once, with the traceback, through the plugin's log."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            log.debug("http: the client %s hung up before its answer was written (%s)", client, error)
+        else:
+            log.error("http: answering %s failed", client, exc_info=error)
 
 
 class _Server6(_Server):

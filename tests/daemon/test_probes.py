@@ -9,7 +9,9 @@ what the daemon itself answers is tested in test_metrics.py.
 from __future__ import annotations
 
 import http.client
+import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -354,6 +356,25 @@ def test_a_render_that_raises_answers_500_and_the_next_scrape_renders_again() ->
         assert status == 500
         assert b"see the plugin log" in body
         assert get(server, "/metrics") == (200, b"# fine\n")
+
+
+def test_a_scraper_that_hangs_up_before_its_answer_costs_a_debug_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=probes.__name__)
+    render = CountingRender()
+    render.gate.clear()  # the render waits, so the client is gone when the answer is written
+    with serving(render) as server:
+        sock = connect(server)
+        send(sock, b"GET /metrics HTTP/1.1\r\nHost: probes\r\n\r\n")
+        assert eventually(lambda: render.calls == 1)
+        # Closed with a reset (linger 0): the server's write of the answer fails, as after a scrape timeout.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        render.gate.set()
+        assert eventually(lambda: "hung up before its answer was written" in caplog.text), caplog.text
+        assert get(server, "/metrics")[0] == 200  # and it goes on serving
+    assert "Traceback" not in capsys.readouterr().err
 
 
 # ---- lifecycle -----------------------------------------------------------------------------------
