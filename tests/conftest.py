@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,16 @@ from support.programs import CHILD_PATH
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The programs tests start find tests/support/child_path first (it hides test-only packages that cost
-    them seconds: see its kubernetes_validate.py). Set where only they inherit it: in an xdist worker or a
-    run without workers, never in the xdist controller, whose workers import the real packages."""
+    """rfc3987_syntax is left out of this process, and the programs tests start find tests/support/child_path
+    first (it hides test-only packages that cost them seconds: see its modules). PYTHONPATH is set where
+    only they inherit it: in an xdist worker or a run without workers, never in the xdist controller, whose
+    workers import the real packages."""
+    # jsonschema imports rfc3987_syntax where it is installed (cyclonedx-bom's extras bring it, for `make
+    # release`), which builds an RFC 3987 grammar at import: 1.9 s of CPU in every pytest worker. It only
+    # checks the "iri" formats, and no validation here uses a format checker (formats are annotations), so it
+    # is left out of the workers (and of the programs tests start: support/child_path/rfc3987_syntax.py);
+    # `make release`'s SBOM tool, run outside the tests, still has it.
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
     distributed = getattr(config.option, "numprocesses", None) and config.option.dist != "no"
     if hasattr(config, "workerinput") or not distributed:
         path = os.environ.get("PYTHONPATH", "")
