@@ -30,11 +30,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy image/release.py image/hash_lock.py
 
 # Two pytest workers per core (pytest-xdist): much of the suite waits on the processes and stand-ins it
-# starts, so one worker per core left the cores idle a third of the time (2 cores: 154 s with 2 workers,
-# 114 s with 4; two `make test` side by side, 4 workers each: 217-224 s, both passed). Its tests make
-# many small files and the CDI writer fsyncs its specs, which cost ten times more on an ext4 /tmp than on a tmpfs: where
-# /dev/shm is a writable tmpfs with 256 MiB free (a run uses under 10 MiB), temporary files go there.
-# Unix sockets stay under /tmp (tests/conftest.py: short paths).
+# starts, so one worker per core left the cores idle a third of the time (2 cores: 154 s with 2 workers, 114 s
+# with 4; two `make test` side by side, 4 workers each: 217-224 s, both passed). Its tests make many small
+# files and the CDI writer fsyncs its specs, which cost ten times more on an ext4 /tmp than on a tmpfs: where
+# /dev/shm is a writable tmpfs with 256 MiB free (a run uses under 10 MiB), temporary files go there. Unix
+# sockets stay under /tmp (tests/conftest.py: short paths).
 TEST_TMPDIR ?= $(shell d=/dev/shm; [ -d $$d ] && [ -w $$d ] && \
 	[ "$$(df -Pk $$d 2>/dev/null | awk 'NR==2 {print $$4}')" -gt 262144 ] 2>/dev/null && echo $$d/nvdp-tests-$$(id -u))
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
