@@ -166,3 +166,28 @@ def test_run_with_a_watched_config_file_loads_no_hashlib(
     loaded = _modules_of_a_served_run(argv, kubelet)
     assert "nvidia_device_plugin.config.watch" in loaded  # it did watch the file
     assert sorted(loaded & {"hashlib", "_hashlib"}) == []
+
+
+# The run command's modules and its config from the flags and env alone (no --config-file, as NVIDIA's
+# default deployment starts the plugin); what it loads before NVML. --simulate is left out: a simulated
+# node is itself a YAML file.
+_RUN_CONFIG_MODULES = """
+import json, sys
+from nvidia_device_plugin.cli.main import build_parser
+from nvidia_device_plugin.cli.common import config_loader
+import nvidia_device_plugin.daemons.run
+args = build_parser({}).parse_args(["run", "--pass-device-specs"])
+assert config_loader(args, {"MIG_STRATEGY": "single"})().flags.plugin.pass_device_specs
+print("MODULES " + json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_run_without_a_config_file_loads_no_yaml() -> None:
+    # PyYAML and libyaml: about 12 ms and 0.7 MB of a start (issue 28), for a file that is not there.
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_CONFIG_MODULES], capture_output=True, text=True, timeout=scaled(60)
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = _modules(proc.stdout)
+    assert "nvidia_device_plugin.daemons.run" in loaded
+    assert sorted(m for m in loaded if m == "yaml" or m.startswith("yaml.")) == []
