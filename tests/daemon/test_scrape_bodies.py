@@ -87,18 +87,20 @@ def test_every_format_is_served_the_bytes_prometheus_client_renders(
         kubelet.allocate(GPU, [[gpu_uuids(daemon)[0]]])
         assert isinstance(daemon.metrics, DaemonMetrics)
         daemon.metrics.xid_seen(gpu_uuids(daemon)[1], 79, True)
-        registry = daemon.metrics.registry
-        clock = [0.0]
-        bodies = ScrapeBodies(registry, 60.0, clock=lambda: clock[0])
-        for accept in EVERY_FORMAT:
-            encoder, content_type = choose_encoder(negotiate(accept))
-            assert bodies.render(accept) == (encoder(registry), content_type), accept
-        assert (bodies.collections, bodies.encodes) == (1, 8)
-        clock[0] = 60.0  # the next window collects again
-        bodies.render("")
-        assert bodies.collections == 2
-        # OpenMetrics 2.0.0 is served 1.0.0's body: they differ only in native histograms.
-        samples = [(family.name, sample) for family in registry.collect() for sample in family.samples]
-        assert_all(samples, lambda named: named[1].native_histogram is None)
     finally:
+        # Stopped before the renders are compared: a running daemon's threads (liveness checks, streams)
+        # may move a sample between the cached collection and prometheus_client's own render.
         daemon.stop()
+    registry = daemon.metrics.registry
+    clock = [0.0]
+    bodies = ScrapeBodies(registry, 60.0, clock=lambda: clock[0])
+    for accept in EVERY_FORMAT:
+        encoder, content_type = choose_encoder(negotiate(accept))
+        assert bodies.render(accept) == (encoder(registry), content_type), accept
+    assert (bodies.collections, bodies.encodes) == (1, 8)
+    clock[0] = 60.0  # the next window collects again
+    bodies.render("")
+    assert bodies.collections == 2
+    # OpenMetrics 2.0.0 is served 1.0.0's body: they differ only in native histograms.
+    samples = [(family.name, sample) for family in registry.collect() for sample in family.samples]
+    assert_all(samples, lambda named: named[1].native_histogram is None)
