@@ -16,27 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
+from support.fake_apiserver import LABEL, FakeApiServer
 from support.namespaces import pid_namespace_prefix
-from support.programs import clean_environment
+from support.programs import config_manager_environment
 from support.signal_targets import start_recorder
 from support.waiting import scaled, wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
-
-
-def _environment(tmp_path: Path, server: FakeApiServer, names: list[str], **extra: str) -> dict[str, str]:
-    srcdir = tmp_path / "available-configs"
-    srcdir.mkdir()
-    for name in names:
-        (srcdir / name).write_text(f"# {name}\nversion: v1\n")
-    return clean_environment(
-        KUBECONFIG=str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
-        NODE_NAME=NODE,
-        CONFIG_FILE_SRCDIR=str(srcdir),
-        CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
-        **extra,
-    )
 
 
 def _target(tmp_path: Path) -> str | None:
@@ -68,7 +54,9 @@ def _start(
 def test_without_fallback_strategies_an_unlabelled_node_gets_no_config(tmp_path: Path) -> None:
     """NVIDIA's binary has no default strategies (only its chart sets `named,single`): exit 1, no link."""
     with FakeApiServer({}) as server:
-        env = _environment(tmp_path, server, ["default", "x"], ONESHOT="true", SEND_SIGNAL="false")
+        env = config_manager_environment(
+            tmp_path, server.url, ["default", "x"], ONESHOT="true", SEND_SIGNAL="false"
+        )
         bare = subprocess.run(
             [COMMAND], env=env, capture_output=True, text=True, timeout=scaled(60), check=False
         )
@@ -91,7 +79,8 @@ def test_without_send_signal_a_change_sends_sighup(
     plugin = start_recorder(tmp_path / name, marker)  # named as the plugin is: by its script
     processes.append(plugin)
     with FakeApiServer({LABEL: "a"}) as server:
-        env = _environment(tmp_path, server, ["a", "b"], PROCESS_TO_SIGNAL=name)  # SEND_SIGNAL, SIGNAL unset
+        # SEND_SIGNAL and SIGNAL unset
+        env = config_manager_environment(tmp_path, server.url, ["a", "b"], PROCESS_TO_SIGNAL=name)
         manager = _start(processes, [COMMAND], env)
         wait_for(lambda: marker.exists() and marker.read_text() == "hup\n", "SIGHUP after the first link")
         wait_for(lambda: len(server.watches()) == 1, "the watch")
@@ -106,7 +95,9 @@ def test_without_send_signal_a_change_sends_sighup(
 def test_an_empty_send_signal_means_false(tmp_path: Path, processes: list[subprocess.Popen[str]]) -> None:
     """As NVIDIA's flag library reads an empty switch variable: false, not the default."""
     with FakeApiServer({LABEL: "a"}) as server:
-        env = _environment(tmp_path, server, ["a"], SEND_SIGNAL="", PROCESS_TO_SIGNAL=f"none-{os.getpid()}")
+        env = config_manager_environment(
+            tmp_path, server.url, ["a"], SEND_SIGNAL="", PROCESS_TO_SIGNAL=f"none-{os.getpid()}"
+        )
         manager = _start(processes, [COMMAND], env)
         wait_for(lambda: len(server.watches()) == 1, "the watch (the link and any signal come before it)")
         manager.send_signal(signal.SIGTERM)
@@ -125,7 +116,9 @@ def test_a_stop_signal_ends_the_sidecar_quietly_killed_by_that_signal(
     """As NVIDIA's Go binary, which has no handler: the process dies of the signal (the container runtime
     reports 128 + its number: 143 for SIGTERM). One INFO line says why; no ERROR, no traceback."""
     with FakeApiServer({LABEL: "a"}) as server:
-        manager = _start(processes, [COMMAND], _environment(tmp_path, server, ["a"], SEND_SIGNAL="false"))
+        manager = _start(
+            processes, [COMMAND], config_manager_environment(tmp_path, server.url, ["a"], SEND_SIGNAL="false")
+        )
         wait_for(lambda: len(server.watches()) == 1, "the watch")
         manager.send_signal(signum)
         _, err = manager.communicate(timeout=scaled(30))
@@ -147,7 +140,7 @@ def test_as_pid_1_of_its_container_sigterm_gives_exit_status_143(
     the kernel drops a default-action signal PID 1 sends itself: the status is then 143 by exit code."""
     prefix = pid_namespace_prefix("here")
     with FakeApiServer({LABEL: "a"}) as server:
-        env = _environment(tmp_path, server, ["a"], SEND_SIGNAL="false")
+        env = config_manager_environment(tmp_path, server.url, ["a"], SEND_SIGNAL="false")
         unshare = _start(processes, [*prefix, COMMAND], env)
         wait_for(lambda: len(server.watches()) == 1, "the watch")
         child = _only_child(unshare.pid)

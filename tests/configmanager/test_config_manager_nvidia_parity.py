@@ -29,25 +29,11 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.processes import find_processes
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
-from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer, write_kubeconfig
-from support.programs import clean_environment
+from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer
+from support.programs import config_manager_environment
 from support.waiting import scaled, wait_for
 
 COMMAND = str(Path(sys.executable).parent / "config-manager")
-
-
-def _environment(tmp_path: Path, url: str, names: list[str], **extra: str) -> dict[str, str]:
-    srcdir = tmp_path / "available-configs"
-    srcdir.mkdir(exist_ok=True)
-    for name in names:
-        (srcdir / name).write_text(f"# {name}\nversion: v1\n")
-    return clean_environment(
-        KUBECONFIG=str(write_kubeconfig(tmp_path / "kubeconfig", url)),
-        NODE_NAME=NODE,
-        CONFIG_FILE_SRCDIR=str(srcdir),
-        CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
-        **extra,
-    )
 
 
 def _run(env: dict[str, str], timeout: float = scaled(90)) -> subprocess.CompletedProcess[str]:
@@ -117,7 +103,9 @@ def answering() -> Iterator[Callable[[bytes], str]]:
 
 def test_oneshot_against_an_api_server_that_never_answers_exits_1_naming_the_wait(tmp_path: Path) -> None:
     with _SilentServer() as server:
-        done = _run(_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false"))
+        done = _run(
+            config_manager_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false")
+        )
     assert done.returncode == 1, done.stderr
     assert f"reading label {LABEL} of node {NODE} from the API (up to 30 s" in done.stderr
     assert "timed out" in done.stderr, done.stderr
@@ -152,7 +140,7 @@ def test_a_nodelist_of_the_wrong_shape_is_a_clear_error(
     tmp_path: Path, answering: Callable[[bytes], str], body: bytes, problem: str
 ) -> None:
     url = answering(body)
-    done = _run(_environment(tmp_path, url, ["a"], ONESHOT="true", SEND_SIGNAL="false"))
+    done = _run(config_manager_environment(tmp_path, url, ["a"], ONESHOT="true", SEND_SIGNAL="false"))
     assert done.returncode == 1, done.stderr
     assert problem in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -164,7 +152,9 @@ def test_a_nodelist_of_the_wrong_shape_is_a_clear_error(
 def test_a_label_value_cannot_forge_a_log_line_or_reach_the_terminal(tmp_path: Path) -> None:
     forged = "x\n2026-01-01 00:00:00,000 INFO forged: all is well\x1b[2J"
     with FakeApiServer({LABEL: forged}) as server:
-        done = _run(_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false"))
+        done = _run(
+            config_manager_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false")
+        )
     assert done.returncode == 1
     assert "\x1b" not in done.stderr
     assert not any(line.startswith("2026-01-01") for line in done.stderr.splitlines()), done.stderr
@@ -173,7 +163,9 @@ def test_a_label_value_cannot_forge_a_log_line_or_reach_the_terminal(tmp_path: P
 
 def test_a_huge_label_value_is_logged_cut(tmp_path: Path) -> None:
     with FakeApiServer({LABEL: "v" * 300_000}) as server:
-        done = _run(_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false"))
+        done = _run(
+            config_manager_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false")
+        )
     assert done.returncode == 1
     assert "(300000 characters in all)" in done.stderr
     assert "names no config (available: a)" in done.stderr, "the cut keeps the rest of the line"
@@ -250,7 +242,7 @@ def test_the_backoff_starts_again_after_reset() -> None:
 
 def test_the_sidecar_exits_1_on_a_label_naming_no_config(tmp_path: Path) -> None:
     with FakeApiServer({LABEL: "a"}) as server:
-        env = _environment(tmp_path, server.url, ["a"], SEND_SIGNAL="false")
+        env = config_manager_environment(tmp_path, server.url, ["a"], SEND_SIGNAL="false")
         process = subprocess.Popen([COMMAND], env=env, stderr=subprocess.PIPE, text=True)
         try:
             wait_for(lambda: len(server.watches()) == 1, "the watch")
@@ -268,7 +260,8 @@ def test_the_sidecar_exits_1_on_a_label_naming_no_config(tmp_path: Path) -> None
 def test_no_process_to_signal_exits_1_in_oneshot_and_in_the_sidecar(tmp_path: Path) -> None:
     nobody = f"no-such-plugin-{os.getpid()}"
     with FakeApiServer({LABEL: "a"}) as server:
-        env = _environment(tmp_path, server.url, ["a"], PROCESS_TO_SIGNAL=nobody)  # SEND_SIGNAL: default true
+        # SEND_SIGNAL unset: its default, true
+        env = config_manager_environment(tmp_path, server.url, ["a"], PROCESS_TO_SIGNAL=nobody)
         sidecar = _run(env, timeout=scaled(60))
         (tmp_path / "config.yaml").unlink()
         oneshot = _run({**env, "ONESHOT": "true"}, timeout=scaled(60))
@@ -279,7 +272,9 @@ def test_no_process_to_signal_exits_1_in_oneshot_and_in_the_sidecar(tmp_path: Pa
 
 def test_the_empty_fallback_links_dev_null_which_the_plugin_reads_as_the_empty_config(tmp_path: Path) -> None:
     with FakeApiServer({}) as server:
-        env = _environment(tmp_path, server.url, ["a", "b"], FALLBACK_STRATEGIES="empty", ONESHOT="true")
+        env = config_manager_environment(
+            tmp_path, server.url, ["a", "b"], FALLBACK_STRATEGIES="empty", ONESHOT="true"
+        )
         done = _run({**env, "SEND_SIGNAL": "false"}, timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     assert os.readlink(tmp_path / "config.yaml") == os.devnull
@@ -289,7 +284,9 @@ def test_the_empty_fallback_links_dev_null_which_the_plugin_reads_as_the_empty_c
 def test_a_bad_label_in_oneshot_exits_1_as_nvidias(tmp_path: Path) -> None:
     """NVIDIA's start(): `if f.Oneshot || err != nil { return err }`, and main exits 1 on an error."""
     with FakeApiServer({LABEL: "typo"}) as server:
-        done = _run(_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false"))
+        done = _run(
+            config_manager_environment(tmp_path, server.url, ["a"], ONESHOT="true", SEND_SIGNAL="false")
+        )
     assert done.returncode == 1
     assert not (tmp_path / "config.yaml").is_symlink()
 

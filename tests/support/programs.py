@@ -11,9 +11,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from support.fake_apiserver import NODE, write_kubeconfig
+
 CHILD_PATH = Path(__file__).parent / "child_path"
 
 
 def clean_environment(**variables: str) -> dict[str, str]:
     """PATH (this process's), CHILD_PATH as PYTHONPATH, then `variables`; nothing else of the test's."""
     return {"PATH": os.environ["PATH"], "PYTHONPATH": str(CHILD_PATH), **variables}
+
+
+def config_manager_environment(
+    tmp_path: Path, api_url: str, names: list[str], **extra: str
+) -> dict[str, str]:
+    """config-manager's clean environment against the API at `api_url`, on node NODE: one config per name
+    in tmp_path/available-configs (made here), linked at tmp_path/config.yaml; `extra` last."""
+    srcdir = tmp_path / "available-configs"
+    srcdir.mkdir(exist_ok=True)
+    for name in names:
+        (srcdir / name).write_text(f"# {name}\nversion: v1\n")
+    return clean_environment(
+        KUBECONFIG=str(write_kubeconfig(tmp_path / "kubeconfig", api_url)),
+        NODE_NAME=NODE,
+        CONFIG_FILE_SRCDIR=str(srcdir),
+        CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
+        **extra,
+    )
