@@ -34,7 +34,11 @@ alive() {
   [ -n "$1" ] && [ -e "/proc/$1" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
 }
 if [ "${1:-}" = "-d" ]; then
-  grep -E '^Sig(Blk|Ign):' /proc/$$/status > "$pipe/../fake-signals"
+  # Read with builtins, no child: a grep child once read this shell with SIGINT, SIGTERM and SIGCHLD
+  # blocked (bash's own, around the fork), not the mask the process was started with.
+  while IFS= read -r line; do
+    case "$line" in SigBlk:*|SigIgn:*) printf '%s\n' "$line" ;; esac
+  done < /proc/$$/status > "$pipe/../fake-signals"
   if [ -e "__DIR__/refuse-start" ]; then
     echo "refusing to start (test)" >&2
     exit 1
