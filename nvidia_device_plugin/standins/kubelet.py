@@ -92,7 +92,6 @@ class KubeletStandIn:
         self,
         plugin_dir: Path,
         reject: Callable[[pb.RegisterRequest], str | None] | None = None,
-        register_delay: float = 0.0,
         *,
         register_hold: Callable[[], None] | None = None,
         topology_policy: TopologyPolicy = "none",
@@ -106,9 +105,8 @@ class KubeletStandIn:
         self.plugin_dir = plugin_dir
         self.socket = plugin_dir / "kubelet.sock"
         self.reject = reject
-        # Seconds Register takes to answer after the dial-back, as a busy kubelet can; `register_hold`, when
-        # given, is called there too: a test holds the answer until its own condition (not a fixed time).
-        self.register_delay = register_delay
+        # Called after the dial-back, before Register answers: a busy kubelet's delay (a sleep), or a test
+        # holding the answer until its own condition.
         self.register_hold = register_hold
         self.topology_policy = topology_policy
         self.node_status_interval = node_status_interval
@@ -241,8 +239,6 @@ class KubeletStandIn:
             threading.Thread(
                 target=self._run_client, args=(client,), name=f"kubelet-law-{name}", daemon=True
             ).start()
-        if self.register_delay > 0:
-            time.sleep(self.register_delay)
         if self.register_hold is not None:
             self.register_hold()
         return None

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_a_new_stream_gets_the_device_list_and_updates(
 
 def test_kubelet_answering_register_slowly_gets_one_registration(plugin_dir: Path) -> None:
     # Kubelet dials back and opens the stream, then takes 2.5 s to answer Register.
-    with kubelet_standin(plugin_dir, register_delay=2.5) as kubelet:
+    with kubelet_standin(plugin_dir, register_hold=lambda: time.sleep(2.5)) as kubelet:
         manager = PluginManager(plugin_dir)
         manager.start()
         try:
@@ -129,7 +130,7 @@ def test_register_timing_out_does_not_pile_up_streams(plugin_dir: Path, channel:
     # a stream each time: the plugin must end the older streams past its bound, so Allocate keeps
     # answering. (Asked on the plugin's socket directly: each older stream ended makes kubelet disconnect
     # its current client, so kubelet's own endpoint may be closed at any moment here.)
-    with kubelet_standin(plugin_dir, register_delay=0.6) as kubelet:
+    with kubelet_standin(plugin_dir, register_hold=lambda: time.sleep(0.6)) as kubelet:
         manager = PluginManager(plugin_dir, max_retry_seconds=0.1, register_timeout_seconds=0.2)
         manager.start()
         try:
