@@ -56,8 +56,11 @@ QUICK = Budget(
 )
 
 
-def interleaved(calls: Sequence[Callable[[], object]], total: int, chunk: int = 50) -> list[list[float]]:
-    """Seconds per call for each of `calls`, `total` each, run in alternating chunks."""
+def interleaved(
+    calls: Sequence[Callable[[], object]], total: int, chunk: int = 50, rest: float = 0.0
+) -> list[list[float]]:
+    """Seconds per call for each of `calls`, `total` each, run in alternating chunks; after each call, an
+    untimed pause of `rest` times its duration."""
     samples: list[list[float]] = [[] for _ in calls]
     clock = time.perf_counter
     done = 0
@@ -67,7 +70,10 @@ def interleaved(calls: Sequence[Callable[[], object]], total: int, chunk: int = 
             for _ in range(n):
                 started = clock()
                 call()
-                out.append(clock() - started)
+                took = clock() - started
+                out.append(took)
+                if rest > 0:
+                    time.sleep(rest * took)
         done += n
     return samples
 
