@@ -15,6 +15,7 @@ for one it did not, or the failure a test set.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import queue
@@ -199,8 +200,12 @@ class FakeApiServer(_LocalServer):
                         self.wfile.flush()
                         if isinstance(item, dict) and item["type"] == "ERROR":
                             return  # the API server ends the stream after an ERROR event
+                except OSError:
+                    return  # the client hung up between two events
                 finally:
-                    self.wfile.write(b"0\r\n\r\n")
+                    # Unless the client hung up first (socketserver would print the broken pipe to stderr).
+                    with contextlib.suppress(OSError):
+                        self.wfile.write(b"0\r\n\r\n")
 
         return Handler
 
