@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from support.fake_apiserver import NODE, write_kubeconfig
-
 CHILD_PATH = Path(__file__).parent / "child_path"
 
 
@@ -26,6 +24,10 @@ def config_manager_environment(
 ) -> dict[str, str]:
     """config-manager's clean environment against the API at `api_url`, on node NODE: one config per name
     in tmp_path/available-configs (made here), linked at tmp_path/config.yaml; `extra` last."""
+    # Here, not at the top: tests/conftest.py imports this module before its pytest_configure leaves
+    # rfc3987_syntax out, and the fake API server imports jsonschema, which would build that grammar then.
+    from support.fake_apiserver import NODE, write_kubeconfig
+
     srcdir = tmp_path / "available-configs"
     srcdir.mkdir(exist_ok=True)
     for name in names:
