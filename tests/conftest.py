@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -32,10 +33,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # is left out of the workers (and of the programs tests start: support/child_path/rfc3987_syntax.py);
     # `make release`'s SBOM tool, run outside the tests, still has it.
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+    _parse_kubernetes_schemas_once()
     distributed = getattr(config.option, "numprocesses", None) and config.option.dist != "no"
     if hasattr(config, "workerinput") or not distributed:
         path = os.environ.get("PYTHONPATH", "")
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHILD_PATH), path) if p)
+
+
+def _parse_kubernetes_schemas_once() -> None:
+    """kubernetes-validate parses a kind's schema file and its definitions (megabytes of JSON) again on every
+    call, two thirds of a validation's time; they never change and it only reads them, so each is parsed once
+    per process. Imported here, not at the top: it imports jsonschema, after rfc3987_syntax is left out."""
+    import kubernetes_validate.utils
+
+    if not isinstance(kubernetes_validate.utils.schema_contents, functools._lru_cache_wrapper):
+        kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
 
 
 @pytest.fixture

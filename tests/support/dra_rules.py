@@ -6,17 +6,11 @@ checks): resource.k8s.io/v1 validation's limits, names and formats, from the API
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable
 from typing import Any
 
 import kubernetes_validate
-import kubernetes_validate.utils
-
-# kubernetes-validate parses its schema files again on every call (two thirds of a validation's time);
-# they never change, so each is read once per test run.
-kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
 
 # resource.k8s.io/v1 is GA from 1.34; kubernetes-validate must know it at each of these.
 KUBERNETES_VERSIONS = ("1.34.0", "1.35.0", "1.36.0", "1.37.0")
