@@ -46,7 +46,7 @@ def _parse_kubernetes_schemas_once() -> None:
     per process. Imported here, not at the top: it imports jsonschema, after rfc3987_syntax is left out."""
     import kubernetes_validate.utils
 
-    if not isinstance(kubernetes_validate.utils.schema_contents, functools._lru_cache_wrapper):
+    if not hasattr(kubernetes_validate.utils.schema_contents, "cache_clear"):  # not already wrapped
         kubernetes_validate.utils.schema_contents = functools.cache(kubernetes_validate.utils.schema_contents)
 
 
