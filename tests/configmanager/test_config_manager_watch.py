@@ -8,7 +8,6 @@ event with a 410 Status (the client lists again). Every loop here is bounded and
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
 from support.fake_apiserver import CLOSE_STREAM, LABEL, NODE, FakeApiServer
-from support.programs import clean_environment
+from support.programs import config_manager_environment
 from support.waiting import scaled, wait_for
 
 
@@ -151,27 +150,13 @@ def test_without_fallbacks_the_sidecar_waits_for_a_label(
 
 def test_oneshot_command_links_once_and_exits(tmp_path: Path) -> None:
     """The console script as the init container runs it: ONESHOT, credentials from $KUBECONFIG."""
-    srcdir = _configs(tmp_path, ["a", "b"])
+    srcdir = tmp_path / "available-configs"
     dst = tmp_path / "config.yaml"
     with FakeApiServer({LABEL: "b"}) as server:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-                    "users": [{"name": "nobody", "user": {}}],
-                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "nobody"}}],
-                    "current-context": "fake",
-                }
-            )
-        )
-        env = clean_environment(
-            KUBECONFIG=str(kubeconfig),
-            NODE_NAME=NODE,
-            CONFIG_FILE_SRCDIR=str(srcdir),
-            CONFIG_FILE_DST=str(dst),
+        env = config_manager_environment(
+            tmp_path,
+            server.url,
+            ["a", "b"],
             ONESHOT="true",
             SEND_SIGNAL="false",  # its default is true: never signal the machine's plugin processes
         )

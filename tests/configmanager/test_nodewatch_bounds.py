@@ -27,8 +27,8 @@ from nvidia_device_plugin.configmanager.manager import ConfigManager
 from nvidia_device_plugin.configmanager.nodewatch import api_client_for
 from nvidia_device_plugin.configmanager.settings import parse_settings
 
-from support.fake_apiserver import LABEL, NODE, FakeApiServer, write_kubeconfig
-from support.programs import clean_environment
+from support.fake_apiserver import LABEL, NODE, FakeApiServer
+from support.programs import config_manager_environment
 from support.waiting import scaled, wait_for
 
 
@@ -103,19 +103,11 @@ def test_the_relist_backoff_is_client_gos() -> None:
 def test_the_config_manager_sidecar_does_not_hammer_an_api_server_that_expires_every_watch(
     tmp_path: Path,
 ) -> None:
-    srcdir = tmp_path / "configs"
-    srcdir.mkdir()
-    (srcdir / "a").write_text("version: v1\n")
     with FakeApiServer({LABEL: "a"}) as server:
         for _ in range(500):
             server.expire_watch()
-        env = clean_environment(
-            KUBECONFIG=str(write_kubeconfig(tmp_path / "kubeconfig", server.url)),
-            NODE_NAME=NODE,
-            CONFIG_FILE_SRCDIR=str(srcdir),
-            CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
-            SEND_SIGNAL="false",  # its default is true: never signal the machine's plugin processes
-        )
+        # SEND_SIGNAL: its default is true; never signal the machine's plugin processes
+        env = config_manager_environment(tmp_path, server.url, ["a"], SEND_SIGNAL="false")
         command = [str(Path(sys.executable).parent / "config-manager")]
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         try:
