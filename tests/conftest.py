@@ -33,9 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # is left out of the workers (and of the programs tests start: support/child_path/rfc3987_syntax.py);
     # `make release`'s SBOM tool, run outside the tests, still has it.
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
-    _parse_kubernetes_schemas_once()
     distributed = getattr(config.option, "numprocesses", None) and config.option.dist != "no"
-    if hasattr(config, "workerinput") or not distributed:
+    if hasattr(config, "workerinput") or not distributed:  # a process that runs tests
+        _parse_kubernetes_schemas_once()
         path = os.environ.get("PYTHONPATH", "")
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(CHILD_PATH), path) if p)
 
