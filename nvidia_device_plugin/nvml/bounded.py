@@ -177,8 +177,10 @@ class _Lane(Worker):
             self._in_call = outer
             took = time.monotonic() - started
             job = self._running  # a stuck or abandoned job is reported as such when it returns
-            if took > self._slow_after_s + _allowance_s(name, args, self._timeout_s) and not (
-                job is not None and (job.stuck or job.abandoned)
+            if (
+                took > self._slow_after_s
+                and took > self._slow_after_s + _allowance_s(name, args, self._timeout_s)
+                and not (job is not None and (job.stuck or job.abandoned))
             ):
                 self._on_slow(name, self.where, took)
 
@@ -412,16 +414,19 @@ class BoundedNvml:
         return result
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        key = self._lane_key(name, args)
         fn = getattr(self._inner, name)
         lane: _Lane | None = getattr(_on_lane, "lane", None)
         if lane is not None:  # inside a job: run here, on the job's lane, naming the call while it runs
             result = lane.inline(name, fn, args, kwargs)
-        else:
-            slow_after_s = self._slow_after_s + _allowance_s(name, args, self._timeout_s)
-            item = _Call(name, fn, args, kwargs, slow_after_s)
-            result = self._lane(key).call(item, self._deadline(name, args))
-        self._learn(name, key, result)
+            if _teaches(name, result):  # the lane of its arguments is needed only to learn a result's
+                self._learn(name, self._lane_key(name, args), result)
+            return result
+        key = self._lane_key(name, args)
+        slow_after_s = self._slow_after_s + _allowance_s(name, args, self._timeout_s)
+        item = _Call(name, fn, args, kwargs, slow_after_s)
+        result = self._lane(key).call(item, self._deadline(name, args))
+        if _teaches(name, result):
+            self._learn(name, key, result)
         return result
 
     def _deadline(self, name: str, args: tuple[Any, ...]) -> float:
@@ -539,6 +544,13 @@ def on_lane(nv: NvmlApi, device: int | str, what: str, job: Callable[[], T], ext
     if isinstance(nv, BoundedNvml):
         return nv.run_on(device, what, job, extra_s)
     return job()
+
+
+def _teaches(name: str, result: object) -> bool:
+    """Whether `result` tells which lane later calls belong on: a handle, or a device's UUID."""
+    return isinstance(result, ctypes._Pointer) or (
+        name == "nvmlDeviceGetUUID" and isinstance(result, str | bytes)
+    )
 
 
 def _address(value: object) -> int | None:
