@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from watchdog.events import FileSystemEventHandler
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
@@ -27,6 +27,25 @@ class _WithoutStopRace(logging.Filter):
 
 
 logging.getLogger("watchdog.observers.inotify").addFilter(_WithoutStopRace())
+
+
+EntryChanged = Callable[[Path, str], None]  # (path, "created" | "deleted" | "moved")
+
+
+class _Entries(FileSystemEventHandler):
+    def __init__(self, on_entry: EntryChanged) -> None:
+        self._on_entry = on_entry
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in ("created", "deleted", "moved"):
+            for path in (event.src_path, getattr(event, "dest_path", "")):
+                if path:
+                    self._on_entry(Path(str(path)), event.event_type)
+
+
+def watch_entries(directory: Path, on_entry: EntryChanged, name: str) -> BaseObserver:
+    """A started observer passing each entry created, deleted or moved in `directory` to `on_entry`."""
+    return watch_directories([directory], _Entries(on_entry), name)
 
 
 def watch_directories(

@@ -3,7 +3,8 @@
 Kubelet announces a restart by deleting every socket in the directory and creating `kubelet.sock` anew;
 the watch passes each created, deleted or moved entry on. A watch lost with its directory (deleted, then
 made again) is made again by the next `keep()`, which then calls `on_gap`: whatever happened while nothing
-watched was not seen.
+watched was not seen. The registrar makes the first watch once its first registrations are done, so neither
+watchdog's import nor its three threads stand between a start and kubelet seeing the resources.
 """
 
 from __future__ import annotations
@@ -11,29 +12,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers.api import BaseObserver
-
-from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories, watching
 from nvidia_device_plugin.base.logs import FailureLog
+
+if TYPE_CHECKING:  # watchdog loads with the first watch, after the first registration (registrar.py)
+    from watchdog.observers.api import BaseObserver
+
+    from nvidia_device_plugin.base.fswatch import EntryChanged
 
 log = logging.getLogger(__name__)
 
 WATCH_FAILURE = "watch"  # the FailureLog key of the directory watch
-
-EntryChanged = Callable[[Path, str], None]  # (path, "created" | "deleted" | "moved")
-
-
-class _Entries(FileSystemEventHandler):
-    def __init__(self, on_entry: EntryChanged) -> None:
-        self._on_entry = on_entry
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in ("created", "deleted", "moved"):
-            for path in (event.src_path, getattr(event, "dest_path", "")):
-                if path:
-                    self._on_entry(Path(str(path)), event.event_type)
 
 
 class DirectoryWatch:
@@ -51,6 +41,8 @@ class DirectoryWatch:
 
     def keep(self) -> bool:
         """Make sure the directory is watched; True when it is. Never raises: a failure is reported."""
+        from nvidia_device_plugin.base.fswatch import watch_entries, watching
+
         if self._observer is not None and watching(self._observer):
             return True
         self.stop()
@@ -60,9 +52,7 @@ class DirectoryWatch:
             )
             return False
         try:
-            self._observer = watch_directories(
-                [self._directory], _Entries(self._on_entry), "plugin-dir-watch"
-            )
+            self._observer = watch_entries(self._directory, self._on_entry, "plugin-dir-watch")
         except OSError as exc:
             self._failures.report(
                 WATCH_FAILURE, f"cannot watch device-plugin directory {self._directory}: {exc}"
@@ -77,5 +67,7 @@ class DirectoryWatch:
 
     def stop(self) -> None:
         if self._observer is not None:
+            from nvidia_device_plugin.base.fswatch import stop_watching  # loaded with the observer
+
             stop_watching(self._observer)
             self._observer = None

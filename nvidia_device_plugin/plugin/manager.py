@@ -91,14 +91,14 @@ class PluginManager:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the registrar. Never raises for the directory: the registrar waits for it and says so."""
+        """Start the registrar. Never raises for the directory: the registrar waits for it and says so, and
+        watches it (its first round)."""
         try:
             self.plugin_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self._failures.report(
                 WATCH_FAILURE, f"cannot create device-plugin directory {self.plugin_dir}: {exc}"
             )
-        self._watch.keep()
         if not self._stream_lines.started:
             self._stream_lines.start()
         self._start_registrar()

@@ -111,11 +111,13 @@ class Registrar(Worker):
             delay = self._c.min_retry_s if done else min(delay * 2, self._c.max_retry_s)
 
     def _step(self, stop: threading.Event) -> bool:
-        """One round of registrar work; True when nothing is left to retry."""
-        watched = self._h.keep_watching()
+        """One round of registrar work; True when nothing is left to retry. The directory watch is made
+        (or checked) after the registrations: at start, kubelet sees the resources without waiting for it,
+        and what it would have told in between, _check_sockets finds at the next round."""
         self._check_sockets()
         bound = self._rebind_sockets()
         registered = self._register_pending(stop)
+        watched = self._h.keep_watching()
         return watched and bound and registered
 
     def _check_sockets(self) -> None:
