@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import itertools
 import marshal
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -90,9 +91,11 @@ def _write_entries(path: Path, entries: list[tuple[str, CodeType]]) -> None:
     path.write_bytes(importlib.util.MAGIC_NUMBER + marshal.dumps(tuple(entries)))
 
 
-def _plain(package: str) -> ModuleType:
-    """MODULE made by dataclasses alone: as a module no cache serves."""
+def _plain(package: str, file: str | None = None) -> ModuleType:
+    """MODULE made by dataclasses alone: as a module no cache serves (at `file`, when given)."""
     module = ModuleType(f"uncached_{package}")
+    if file is not None:
+        module.__file__ = file
     sys.modules[module.__name__] = module
     try:
         exec(compile(MODULE, "<uncached>", "exec", dont_inherit=True), module.__dict__)
@@ -176,13 +179,14 @@ def test_a_damaged_file_is_ignored(package: str, damage: object) -> None:
 
 
 def test_modules_of_other_packages_are_not_served(package: str) -> None:
-    """The same source in a module outside the served packages: compiled, with dataclasses' futures."""
+    """The same source in a module outside the served packages, even at a file whose cache holds it:
+    compiled, with dataclasses' futures."""
     dataclass_code.build(package)
     path = _cache_path(package)
     _write_entries(
         path, [(source, compile("raise AssertionError", "<string>", "exec")) for source, _ in _entries(path)]
     )
-    plain = _plain(package)
+    plain = _plain(package, str(importlib.import_module(f"{package}.values").__file__))
     assert plain.Point(1) == plain.Point(1)
     assert not plain.Point.__init__.__code__.co_flags & __future__.annotations.compiler_flag
 
@@ -192,7 +196,7 @@ def test_the_command_builds_the_packages_cache(tmp_path: Path) -> None:
     of the package (the work tree's own cache is make's to write)."""
     copy = tmp_path / "nvidia_device_plugin"
     source = Path(dataclass_code.__file__).parents[1]
-    subprocess.run(["cp", "-r", str(source), str(copy)], check=True)
+    shutil.copytree(source, copy)
     for old in copy.rglob("*.marshal"):
         old.unlink()
     done = subprocess.run(
