@@ -48,7 +48,8 @@ COPY nvidia_device_plugin ./nvidia_device_plugin
 # kubernetes client's 440-600 instead of 170-200). The builder's own bytecode (from the runs below) is removed,
 # then compileall writes all of it once, as unchecked-hash .pyc: no timestamp in them, and Python does not
 # re-read the source to check them (nothing in the image changes). Beside it, the compiled methods of the
-# package's dataclasses (nvidia_device_plugin/base/dataclass_code.py), which Python caches nowhere itself.
+# package's dataclasses (nvidia_device_plugin/base/dataclass_code.py), which Python caches nowhere itself,
+# written from / so that it is the installed package's (in /src, `-m` would find the source tree's).
 RUN set -eu; \
     if [ -n "$PIP_CA_BUNDLE" ]; then \
         cat /etc/ssl/certs/ca-certificates.crt > /tmp/ca.pem 2>/dev/null || true; \
@@ -76,7 +77,7 @@ RUN set -eu; \
     /opt/venv/bin/config-manager --help > /dev/null; \
     find /opt/venv -name __pycache__ -prune -exec rm -rf {} +; \
     /opt/venv/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/venv/lib > /dev/null; \
-    /opt/venv/bin/python -m nvidia_device_plugin.base.dataclass_code > /dev/null; \
+    (cd / && /opt/venv/bin/python -m nvidia_device_plugin.base.dataclass_code > /dev/null); \
     rm -rf /tmp/wheels /tmp/ca.pem
 
 FROM ${BASE_IMAGE} AS runtime

@@ -118,6 +118,7 @@ def test_build_writes_a_file_per_module_with_every_method_compiled(package: str)
 def test_methods_served_from_the_cache_are_those_python_compiles(package: str) -> None:
     dataclass_code.build(package)
     cached, plain = _fresh(package), _plain(package)
+    assert f"{package}.values" not in dataclass_code.compiled()
     for name in ("Point", "Twin", "Mutable"):
         for method in ("__init__", "__repr__", "__eq__", "__setattr__", "__delattr__", "__hash__"):
             ours, theirs = getattr(getattr(cached, name), method), getattr(getattr(plain, name), method)
@@ -152,11 +153,15 @@ def test_the_cache_is_what_is_served(package: str) -> None:
 def test_sources_the_cache_does_not_hold_are_compiled(package: str) -> None:
     dataclass_code.build(package)
     path = _cache_path(package)
-    changed = [(source.replace("x", "renamed"), code) for source, code in _entries(path)]
+    entries = _entries(path)
+    changed = [(source.replace("x", "renamed"), code) for source, code in entries]
     _write_entries(path, changed)
+    altered = sum(old != new for (old, _), (new, _) in zip(entries, changed, strict=True))
     module = _fresh(package)
     assert repr(module.Point(1)) == "Point(x=1, y=0, tags=())"
     assert module.Twin(2) == module.Twin(2, 0)
+    # Point's and Twin's sources name x and no longer match; Mutable's are still served.
+    assert dataclass_code.compiled()[f"{package}.values"] == altered < len(entries)
 
 
 @pytest.mark.parametrize(

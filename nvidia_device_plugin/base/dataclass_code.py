@@ -48,6 +48,7 @@ _FLAGS: int = dataclasses.dataclass.__code__.co_flags & functools.reduce(
 # neither the sources nor the code that only makes the methods outlive the classes.
 _loaded: dict[str, dict[str, list[CodeType]]] = {}
 _served: set[str] = set()  # the prefixes of the modules served ("nvidia_device_plugin.")
+_compiled: dict[str, int] = {}  # per module served: sources compiled for want of a cached one
 # While build() runs: every source compiled or served, by module, in order.
 _recording: dict[str, list[tuple[str, CodeType]]] | None = None
 
@@ -56,6 +57,12 @@ def install(package: str = PACKAGE) -> None:
     """Serve the methods of `package`'s dataclasses from the cache from now on (idempotent)."""
     _served.add(package + ".")
     dataclasses.exec = _exec  # type: ignore[attr-defined]  # a module global their `exec(...)` finds first
+
+
+def compiled() -> dict[str, int]:
+    """How many method sources each served module compiled for want of a cached one (no file, or one
+    from before the module changed); empty when the cache served everything."""
+    return dict(_compiled)
 
 
 def cache_file(module_file: str) -> Path:
@@ -93,6 +100,7 @@ def _code(module: str, module_file: object, source: str) -> CodeType:
             del cached[source]
     else:
         code = _compile(source)
+        _compiled[module] = _compiled.get(module, 0) + 1
     if _recording is not None:
         _recording.setdefault(module, []).append((source, code))
     return code
@@ -137,6 +145,7 @@ def build(package: str = PACKAGE) -> list[Path]:
     finally:
         _recording = None
         _loaded.clear()  # read the new files at the next import
+        _compiled.clear()
     return [_write(sys.modules[name], entries) for name, entries in sorted(recorded.items())]
 
 

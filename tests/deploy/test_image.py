@@ -171,6 +171,16 @@ unchecked_hash = b"\\1\\0\\0\\0"
 bad = [str(m) for m, c in zip(modules, cached) if not c.is_file() or c.read_bytes()[4:8] != unchecked_hash]
 print(len(modules), *bad)
 """
+# Every dataclass `run` makes on its way to serving gets its methods from the image's cache
+# (base/dataclass_code.py), written by the build for the image's own Python: prints how many of the
+# package's modules were imported, then each one that compiled a method (none).
+_DATACLASS_CACHE_CHECK = """
+import sys
+import nvidia_device_plugin.cli.main, nvidia_device_plugin.cli.run, nvidia_device_plugin.daemons.run
+import nvidia_device_plugin.nvml.session, nvidia_device_plugin.nvml.discovery, nvidia_device_plugin.snapshot
+from nvidia_device_plugin.base.dataclass_code import compiled
+print(sum(m.startswith("nvidia_device_plugin.") for m in sys.modules), *sorted(compiled()))
+"""
 
 
 def test_the_image_is_this_version_with_no_build_tools_left() -> None:
@@ -208,6 +218,10 @@ def test_the_image_is_this_version_with_no_build_tools_left() -> None:
         *run, "--entrypoint", "python3", IMAGE, "-c", _BYTECODE_CHECK
     ).stdout.split()
     assert int(modules) > 1000 and not uncompiled, f"without unchecked-hash bytecode: {uncompiled[:10]}"
+    imported, *compiling = _podman(
+        *run, "--entrypoint", "python3", IMAGE, "-c", _DATACLASS_CACHE_CHECK
+    ).stdout.split()
+    assert int(imported) > 50 and not compiling, f"dataclass methods compiled at start: {compiling}"
     history = _podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", IMAGE).stdout
     assert "PIP_CA_BUNDLE" not in history and "PIP_INDEX" not in history, (
         "build-only arguments reached the image"
