@@ -29,6 +29,7 @@ import operator
 import os
 import pkgutil
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import CodeType
@@ -47,6 +48,7 @@ _FLAGS: int = dataclasses.dataclass.__code__.co_flags & functools.reduce(
 # same fields share a __setattr__), loaded at the module's first dataclass and emptied as it is used, so
 # neither the sources nor the code that only makes the methods outlive the classes.
 _loaded: dict[str, dict[str, list[CodeType]]] = {}
+_lock = threading.Lock()  # guards _loaded and _compiled
 _served: set[str] = set()  # the prefixes of the modules served ("nvidia_device_plugin.")
 _compiled: dict[str, int] = {}  # per module served: sources compiled for want of a cached one
 # While build() runs: every source compiled or served, by module, in order.
@@ -90,20 +92,29 @@ def _compile(source: str) -> CodeType:
 
 
 def _code(module: str, module_file: object, source: str) -> CodeType:
-    cached = _loaded.get(module)
-    if cached is None:
-        cached = _loaded[module] = _read(module_file) if isinstance(module_file, str) else {}
-    codes = cached.get(source)
-    if codes:
-        code = codes.pop()
-        if not codes:
-            del cached[source]
-    else:
+    code = _cached(module, module_file, source)
+    if code is None:
         code = _compile(source)
-        _compiled[module] = _compiled.get(module, 0) + 1
+        with _lock:
+            _compiled[module] = _compiled.get(module, 0) + 1
     if _recording is not None:
         _recording.setdefault(module, []).append((source, code))
     return code
+
+
+def _cached(module: str, module_file: object, source: str) -> CodeType | None:
+    """The cached code of `source`, taken (each is served once); None when the cache has none."""
+    with _lock:  # a dataclass made inside a function may be made by two threads at once
+        cached = _loaded.get(module)
+        if cached is None:
+            cached = _loaded[module] = _read(module_file) if isinstance(module_file, str) else {}
+        codes = cached.get(source)
+        if not codes:
+            return None
+        code = codes.pop()
+        if not codes:
+            del cached[source]
+        return code
 
 
 def _read(module_file: str) -> dict[str, list[CodeType]]:
