@@ -78,9 +78,10 @@ def _exec(
 ) -> None:
     """dataclasses' `exec(source, globals, ns)`, with the source compiled from the cache where it can be."""
     if isinstance(source, str):
-        module = globals.get("__name__") if globals is not None else None
+        scope = globals if globals is not None else {}
+        module = scope.get("__name__")
         if isinstance(module, str) and module.startswith(tuple(_served)):
-            source = _code(module, globals.get("__file__") if globals is not None else None, source)
+            source = _code(module, scope.get("__file__"), source)
         else:  # compiled here, as exec would compile it in dataclasses (not with this module's futures)
             source = _compile(source)
     builtins.exec(source, globals, locals)  # type: ignore[arg-type]

@@ -418,15 +418,13 @@ class BoundedNvml:
         lane: _Lane | None = getattr(_on_lane, "lane", None)
         if lane is not None:  # inside a job: run here, on the job's lane, naming the call while it runs
             result = lane.inline(name, fn, args, kwargs)
-            if _teaches(name, result):  # the lane of its arguments is needed only to learn a result's
-                self._learn(name, self._lane_key(name, args), result)
+            self._learn(name, args, result)
             return result
         key = self._lane_key(name, args)
         slow_after_s = self._slow_after_s + _allowance_s(name, args, self._timeout_s)
         item = _Call(name, fn, args, kwargs, slow_after_s)
         result = self._lane(key).call(item, self._deadline(name, args))
-        if _teaches(name, result):
-            self._learn(name, key, result)
+        self._learn(name, args, result, key)
         return result
 
     def _deadline(self, name: str, args: tuple[Any, ...]) -> float:
@@ -447,8 +445,13 @@ class BoundedNvml:
                 return self._lane_of_handle.get(address, ("device", address))
         return _SYSTEM
 
-    def _learn(self, name: str, key: Hashable, result: Any) -> None:
-        """Remember which lane the handles and UUIDs a call returned belong to."""
+    def _learn(self, name: str, args: tuple[Any, ...], result: Any, key: Hashable | None = None) -> None:
+        """Remember which lane the handles and UUIDs a call returned belong to: the lane of its arguments
+        (`key`, worked out here when the call ran inline: only a result that teaches one needs it)."""
+        if not _teaches(name, result):
+            return
+        if key is None:
+            key = self._lane_key(name, args)
         if key in (_SYSTEM, _EVENTS):
             return
         address = _address(result)
