@@ -85,7 +85,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 def preset_names() -> list[str]:
-    return sorted(path.stem for path in _PRESETS_DIR.glob("*.yaml"))
+    return sorted(path.stem for path in _PRESETS_DIR.glob("*.json"))
 
 
 def simulate_help() -> str:

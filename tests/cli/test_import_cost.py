@@ -56,7 +56,8 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
 # What a plain `run` (no CDI strategy, --labels-file, config file, MIG device or --simulate-events) never
 # imports (issue 28's start-up target): the CDI node scan, the label pipeline, the config-file watch,
 # decimal (MIG memory sizes), the simulated events feeder, the other commands' modules, difflib (the hints
-# of usage errors), and hashlib (OpenSSL's `_hashlib`: the simulator's UUIDs are made without it).
+# of usage errors), hashlib (OpenSSL's `_hashlib`: the simulator's UUIDs are made without it), and PyYAML
+# (no config file; the simulator's presets are JSON).
 NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.cdi.spec",
     "nvidia_device_plugin.cdi.edits",
@@ -75,6 +76,8 @@ NOT_FOR_A_PLAIN_RUN = (
     "hashlib",
     "_hashlib",
     "difflib",
+    "yaml",
+    "_yaml",
 )
 DRA_MODULES_RUN_MAY_LOAD = (
     "nvidia_device_plugin.dra",
@@ -169,8 +172,7 @@ def test_run_with_a_watched_config_file_loads_no_hashlib(
 
 
 # The run command's modules and its config from the flags and env alone (no --config-file, as NVIDIA's
-# default deployment starts the plugin); what it loads before NVML. --simulate is left out: a simulated
-# node is itself a YAML file.
+# default deployment starts the plugin); what it loads before NVML (a served run on a preset is above).
 _RUN_CONFIG_MODULES = """
 import json, sys
 from nvidia_device_plugin.cli.main import build_parser

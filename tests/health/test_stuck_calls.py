@@ -122,8 +122,8 @@ def test_a_call_hung_on_one_gpu_leaves_the_others_health_flowing_and_reloads_fin
 def test_a_call_hung_from_the_start_by_the_node_file_still_lets_the_daemon_serve(
     tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn, sessions: list[NvmlSession]
 ) -> None:
-    preset = resources.files("nvidia_device_plugin.nvml.sim.presets").joinpath("dgx-a100.yaml")
-    node = yaml.safe_load(preset.read_text())
+    preset = resources.files("nvidia_device_plugin.nvml.sim.presets").joinpath("dgx-a100.json")
+    node = json.loads(preset.read_text())
     node["hangs"] = [{"call": "nvmlDeviceGetMemoryInfo", "gpu": 3}]  # until released
     node_file = tmp_path / "node.yaml"
     node_file.write_text(yaml.safe_dump(node))
