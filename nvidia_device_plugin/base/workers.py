@@ -149,6 +149,8 @@ class Lifecycle(Protocol):
 
 @dataclass
 class _Member:
+    """A part of the group, and whether the group started it already (each part is started once)."""
+
     part: Lifecycle
     started: bool = False
 

@@ -38,6 +38,8 @@ _TEMP_PREFIX = f".{CDI_VENDOR}-"
 
 @dataclass(frozen=True)
 class WriteResult:
+    """What one publish changed in the CDI spec directory."""
+
     written: tuple[str, ...]  # file names whose content changed
     removed: tuple[str, ...]  # our file names no longer needed
 

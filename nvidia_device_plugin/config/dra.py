@@ -23,6 +23,8 @@ ALL_GPUS: Literal["all"] = "all"
 
 @dataclass(frozen=True)
 class Dra:
+    """The config's `dra` section: whether this daemon serves GPUs through DRA, and which."""
+
     enabled: bool = False
     # Which GPUs DRA owns while enabled: every one, or these refs (GPU index "0", or a lower-cased UUID).
     gpus: Literal["all"] | tuple[str, ...] = ALL_GPUS

@@ -41,6 +41,8 @@ _FALLBACK_CHOICES: dict[str, ConfigChoice] = {
 
 @dataclass(frozen=True)
 class ConfigSource:
+    """Where the config comes from: a file, or a named file in a directory (config-manager's)."""
+
     file: Path | None = None
     directory: Path | None = None
     name: str | None = None  # file name inside `directory`

@@ -122,6 +122,8 @@ def all_cdi_enabled(strategies: Sequence[DeviceListStrategy]) -> bool:
 
 @dataclass(frozen=True)
 class PluginFlags:
+    """NVIDIA's `flags.plugin`: how Allocate hands devices to a container."""
+
     pass_device_specs: bool = False
     device_list_strategy: DeviceListStrategies = ("envvar",)
     device_id_strategy: DeviceIdStrategy = "uuid"
@@ -137,6 +139,8 @@ class PluginFlags:
 
 @dataclass(frozen=True)
 class Flags:
+    """NVIDIA's `flags`: MIG strategy, driver roots and the other node-wide settings."""
+
     mig_strategy: MigStrategy = "none"
     fail_on_init_error: bool = True
     nvidia_driver_root: str = "/"
@@ -163,6 +167,8 @@ class ResourcePattern:
 
 @dataclass(frozen=True)
 class Resources:
+    """NVIDIA's `resources`: renames of GPUs and MIG devices by product pattern."""
+
     gpus: tuple[ResourcePattern, ...] = ()
     mig: tuple[ResourcePattern, ...] = ()
 
@@ -187,6 +193,8 @@ class ReplicatedDevices:
 
 @dataclass(frozen=True)
 class ReplicatedResource:
+    """One resource shared out in `replicas` (time-slicing or MPS), optionally renamed."""
+
     name: str  # fully qualified resource being shared, e.g. "nvidia.com/gpu"
     replicas: int
     rename: str | None = None  # fully qualified; None keeps `name`
@@ -205,6 +213,8 @@ class ReplicatedResource:
 
 @dataclass(frozen=True)
 class ReplicatedResources:
+    """A sharing section (`timeSlicing` or `mps`): its resources and their options."""
+
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     resources: tuple[ReplicatedResource, ...] = ()
@@ -234,6 +244,8 @@ class ReplicatedResources:
 
 @dataclass(frozen=True)
 class Sharing:
+    """NVIDIA's `sharing`: time-slicing and, when set, MPS."""
+
     time_slicing: ReplicatedResources = field(default_factory=ReplicatedResources)
     mps: ReplicatedResources | None = None
 
@@ -261,6 +273,8 @@ class Recovery:
 
 @dataclass(frozen=True)
 class Health:
+    """The `health` section: which events make a device unhealthy, and recovery."""
+
     disabled: bool = False
     event_types: tuple[HealthEventType, ...] = HEALTH_EVENT_TYPES
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
@@ -302,6 +316,8 @@ class ConfigOrigin:
 
 @dataclass(frozen=True)
 class Config:
+    """A whole `version: v1` config, after defaults, environment and flags."""
+
     version: str = VERSION
     flags: Flags = field(default_factory=Flags)
     resources: Resources = field(default_factory=Resources)

@@ -82,6 +82,8 @@ ConfigWatcherFactory = Callable[[Callable[[], None]], "ConfigWatcher"]
 
 @dataclass
 class DaemonOptions:
+    """What a Daemon is made from: paths, the config and NVML openers, the optional parts."""
+
     plugin_dir: Path
     load_config: Callable[[], Config]  # resolves file + env + flags afresh; raises ConfigError
     open_nvml: Callable[[], NvmlSession]  # raises NvmlError on a node without a usable driver

@@ -12,6 +12,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class HostPaths:
+    """Where this process finds the host's sysfs, procfs, /dev and driver root (simulated: its own tree)."""
+
     sysfs_root: Path  # holds bus/pci/devices/<bus id>/numa_node
     proc_root: Path  # holds driver/nvidia/capabilities/... and driver/nvidia-caps/mig-minors
     dev_root: Path  # the root under which dev/nvidiactl, dev/nvidia<minor>, dev/nvidia-caps/ are

@@ -50,6 +50,8 @@ def waiting_for_kubelet(failures: FailureLog, kubelet_socket: Path) -> None:
 
 @dataclass(frozen=True)
 class RegistrarSettings:
+    """Where kubelet is and how the registrar retries."""
+
     kubelet_socket: Path
     min_retry_s: float
     max_retry_s: float

@@ -54,6 +54,8 @@ def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 @dataclass(frozen=True)
 class DeviceState:
+    """One device as ListAndWatch shows it."""
+
     id: str
     healthy: bool
     numa_node: int | None = None

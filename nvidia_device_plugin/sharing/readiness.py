@@ -113,6 +113,8 @@ def read_status(path: str) -> GpuMpsStatus:
 
 @dataclass(frozen=True)
 class ReadinessChange:
+    """An MPS control daemon of a GPU became ready, or stopped being ready."""
+
     resource: str
     gpu_uuid: str
     ready: bool

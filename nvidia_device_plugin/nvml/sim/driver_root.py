@@ -15,7 +15,8 @@ CDI spec generation (cdi/) scans it as it scans a real driver root, so it holds 
 from __future__ import annotations
 
 import struct
-from pathlib import Path
+
+from nvidia_device_plugin.nvml.sim.tree import FileTree
 
 LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
 
@@ -106,45 +107,37 @@ WSL_LIB_LIBRARIES = {
 }
 
 
-def write_driver_root(root: Path, version: str, wsl: bool = False) -> None:
-    """Lay out the driver root of driver `version` under `root` (an empty or missing directory); on a
-    WSL2 guest (`wsl`), the WSL2 layout instead."""
+def write_driver_root(root: FileTree, version: str, wsl: bool = False) -> None:
+    """Lay out the driver root of driver `version` in `root`; on a WSL2 guest (`wsl`), the WSL2 layout
+    instead."""
     if wsl:
         _write_wsl_driver_root(root)
         return
-    libs = root / LIBRARY_DIR
-    (libs / "vdpau").mkdir(parents=True)
     for stem, soname in DRIVER_LIBRARIES.items():
-        path = libs / driver_library_name(stem, version)
-        _shared_object(path, soname.format(v=version))
+        _shared_object(root, f"{LIBRARY_DIR}/{driver_library_name(stem, version)}", soname.format(v=version))
     for link in DEV_LINKS:
-        (libs / link).symlink_to(DRIVER_LIBRARIES[link.removesuffix(".so")])
+        root.link(f"{LIBRARY_DIR}/{link}", DRIVER_LIBRARIES[link.removesuffix(".so")])
     for name, soname in {**EGL_PLATFORM_LIBRARIES, **NOT_DRIVER_LIBRARIES}.items():
-        _shared_object(libs / name, soname)
-    (libs / "gbm").mkdir()
-    (libs / "gbm/nvidia-drm_gbm.so").symlink_to("../libnvidia-allocator.so.1")
-    xorg = root / XORG_DIR
-    xorg.mkdir(parents=True)
-    _shared_object(xorg / "nvidia_drv.so", "nvidia_drv.so")
-    _shared_object(xorg / f"libglxserver_nvidia.so.{version}", f"libglxserver_nvidia.so.{version}")
-    (xorg / "libglxserver_nvidia.so").symlink_to(f"libglxserver_nvidia.so.{version}")
+        _shared_object(root, f"{LIBRARY_DIR}/{name}", soname)
+    root.link(f"{LIBRARY_DIR}/gbm/nvidia-drm_gbm.so", "../libnvidia-allocator.so.1")
+    _shared_object(root, f"{XORG_DIR}/nvidia_drv.so", "nvidia_drv.so")
+    glx_server = f"libglxserver_nvidia.so.{version}"
+    _shared_object(root, f"{XORG_DIR}/{glx_server}", glx_server)
+    root.link(f"{XORG_DIR}/libglxserver_nvidia.so", glx_server)
     for config in GRAPHICS_CONFIGS:
-        (root / config).parent.mkdir(parents=True, exist_ok=True)
-        (root / config).write_text("{}\n")
-    (root / "usr/bin").mkdir(parents=True)
+        root.file(config, "{}\n")
     for name in DRIVER_BINARIES:
-        (root / "usr/bin" / name).write_bytes(b"\x7fELF")
-    firmware = root / "lib/firmware/nvidia" / version
-    firmware.mkdir(parents=True)
+        root.file(f"usr/bin/{name}", b"\x7fELF")
     for name in DRIVER_FIRMWARE:
-        (firmware / name).write_bytes(b"\0")
+        root.file(f"lib/firmware/nvidia/{version}/{name}", b"\0")
 
 
-def _shared_object(path: Path, soname: str) -> None:
+def _shared_object(root: FileTree, path: str, soname: str) -> None:
     """`path` as a minimal ELF64 shared object naming `soname`, and the SONAME link ldconfig makes."""
-    path.write_bytes(elf_shared_object(soname))
-    if soname != path.name:
-        (path.parent / soname).symlink_to(path.name)
+    root.file(path, elf_shared_object(soname))
+    directory, _, name = path.rpartition("/")
+    if soname != name:
+        root.link(f"{directory}/{soname}", name)
 
 
 def elf_shared_object(soname: str) -> bytes:
@@ -173,13 +166,12 @@ def elf_shared_object(soname: str) -> bytes:
     return header + dynstr + dynamic + shstrtab + b"".join(sections)
 
 
-def _write_wsl_driver_root(root: Path) -> None:
+def _write_wsl_driver_root(root: FileTree) -> None:
     for directory, libraries in (
         (WSL_DRIVER_STORE, WSL_STORE_LIBRARIES),
         (WSL_LIBRARY_DIR, WSL_LIB_LIBRARIES),
     ):
-        (root / directory).mkdir(parents=True)
         for name, soname in libraries.items():
-            _shared_object(root / directory / name, soname)
-        (root / directory / "nvidia-smi").write_bytes(b"\x7fELF")
-    (root / WSL_DRIVER_STORE / "nvcubins.bin").write_bytes(b"\0")
+            _shared_object(root, f"{directory}/{name}", soname)
+        root.file(f"{directory}/nvidia-smi", b"\x7fELF")
+    root.file(f"{WSL_DRIVER_STORE}/nvcubins.bin", b"\0")

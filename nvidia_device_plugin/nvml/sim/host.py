@@ -14,13 +14,13 @@ and udev's /dev/dri/by-path/pci-<bus id>-card and -render links to them.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from nvidia_device_plugin.nvml.host import HostPaths
 from nvidia_device_plugin.nvml.sim.driver_root import write_driver_root
 from nvidia_device_plugin.nvml.sim.node import GpuSpec, MigSpec, NodeSpec
 from nvidia_device_plugin.nvml.sim.pci_config import pci_config
+from nvidia_device_plugin.nvml.sim.tree import FileTree
 
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # no nvidia-modeset: it is optional
 # The driver's nvidia-caps minor numbering (driver/nvidia-caps/mig-minors): 1 and 2 are the config and
@@ -63,22 +63,22 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
         driver_root=root / "driver-root",
         spec_root=root / "root",
     )
-    write_driver_root(root / "driver-root", node.driver_version, wsl=node.wsl)
-    dev = host.dev_root / "dev"
-    (dev / "nvidia-caps").mkdir(parents=True)
-    for name in CONTROL_NODES:
-        (dev / name).touch()
-    (dev / "dri/by-path").mkdir(parents=True)
-    (dev / "dri/card0").touch()  # the board's VGA (BMC): no NVIDIA GPU's
+    tree = FileTree(root)
+    write_driver_root(tree.subtree("driver-root"), node.driver_version, wsl=node.wsl)
+    proc, sysfs = tree.subtree("proc"), tree.subtree("sys")
+    # A WSL2 guest's /dev holds /dev/dxg, and none of the nodes the Linux driver and nvidia-drm make.
+    dev = None if node.wsl else _dev_nodes(tree.subtree("root/dev"), node)
+    if node.wsl:
+        tree.file("root/dev/dxg")
     minors = ["config 1", "monitor 2"]
     for gpu in node.gpus:
-        pci = _pci_device_dir(host.sysfs_root, gpu.pci_bus_id)
-        (pci / "numa_node").write_text(f"{gpu.numa_node}\n")
-        (pci / "class").write_text(f"{gpu.pci_class}\n")  # GFD's gpu.mode label reads it
-        (pci / "config").write_bytes(pci_config(gpu, node.unprivileged_container))  # and vgpu.* this
+        pci = _pci_device_dir(sysfs, gpu.pci_bus_id)
+        sysfs.file(f"{pci}/numa_node", f"{gpu.numa_node}\n")
+        sysfs.file(f"{pci}/class", f"{gpu.pci_class}\n")  # GFD's gpu.mode label reads it
+        sysfs.file(f"{pci}/config", pci_config(gpu, node.unprivileged_container))  # and vgpu.* this
         minor = gpu_minor(gpu)
-        (dev / f"nvidia{minor}").touch()
-        _drm_nodes(pci, dev, pci.name, minor)
+        for name in drm_node_names(minor):  # the GPU's DRM nodes, as the kernel lists them under it
+            sysfs.directory(f"{pci}/drm/{name}")
         for gi in range(_GPU_INSTANCES):
             minors.append(f"gpu{minor}/gi{gi}/access {gi_cap_minor(minor, gi)}")
             minors += [
@@ -87,64 +87,64 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
             ]
         if gpu.mig_enabled:
             for mig in gpu.mig:
-                gi, ci = mig_instance_ids(gpu, mig)
-                gi_dir = host.proc_root / "driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
-                _capability(gi_dir / "access", gi_cap_minor(minor, gi), dev)
-                _capability(gi_dir / f"ci{ci}" / "access", ci_cap_minor(minor, gi, ci), dev)
-    caps = host.proc_root / "driver" / "nvidia-caps"
-    caps.mkdir(parents=True)
-    (caps / "mig-minors").write_text("".join(f"{line}\n" for line in minors))
-    if node.wsl:
-        _as_wsl(dev)
+                _capabilities(proc, dev, minor, *mig_instance_ids(gpu, mig))
+    proc.file("driver/nvidia-caps/mig-minors", "".join(f"{line}\n" for line in minors))
     return host
 
 
-def _as_wsl(dev: Path) -> None:
-    """A WSL2 guest's /dev: /dev/dxg, and none of the nodes the Linux driver and nvidia-drm make."""
-    shutil.rmtree(dev)
-    dev.mkdir()
-    (dev / "dxg").touch()
+def _dev_nodes(dev: FileTree, node: NodeSpec) -> FileTree:
+    """/dev of a Linux node: the control nodes, a node per GPU, the DRM nodes and udev's by-path links."""
+    dev.directory("nvidia-caps")
+    for name in CONTROL_NODES:
+        dev.file(name)
+    dev.file("dri/card0")  # the board's VGA (BMC): no NVIDIA GPU's
+    dev.directory("dri/by-path")
+    for gpu in node.gpus:
+        minor = gpu_minor(gpu)
+        dev.file(f"nvidia{minor}")
+        for name, kind in zip(drm_node_names(minor), ("card", "render"), strict=True):
+            dev.file(f"dri/{name}")
+            dev.link(f"dri/by-path/pci-{_sysfs_name(gpu.pci_bus_id)}-{kind}", f"../{name}")
+    return dev
 
 
-def _pci_device_dir(sysfs_root: Path, pci_bus_id: str) -> Path:
-    """A GPU's sysfs directory, under its root complex as the kernel lays it out, with the
-    bus/pci/devices link to it. The simulated root complex is the bus rounded down to 0x20 (several
-    root complexes per socket, as on EPYC and Xeon servers), so GPUs on one PCIe switch share one."""
+def _sysfs_name(pci_bus_id: str) -> str:
+    """A bus ID as sysfs names the device: a 4-digit domain (`00000000:07:00.0` -> `0000:07:00.0`)."""
     domain, rest = pci_bus_id.lower().split(":", 1)
-    name = f"{domain[-4:]}:{rest}"
-    root = f"pci{domain[-4:]}:{int(rest.split(':')[0], 16) & 0xE0:02x}"
-    device = sysfs_root / "devices" / root / name
-    device.mkdir(parents=True)
-    link = sysfs_root / "bus" / "pci" / "devices" / name
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.symlink_to(device)
+    return f"{domain[-4:]}:{rest}"
+
+
+def _pci_device_dir(sysfs: FileTree, pci_bus_id: str) -> str:
+    """A GPU's sysfs directory (relative to sysfs), under its root complex as the kernel lays it out,
+    with the bus/pci/devices link to it. The simulated root complex is the bus rounded down to 0x20
+    (several root complexes per socket, as on EPYC and Xeon servers), so GPUs on one PCIe switch share
+    one."""
+    name = _sysfs_name(pci_bus_id)
+    domain, bus = name.split(":")[:2]
+    device = f"devices/pci{domain}:{int(bus, 16) & 0xE0:02x}/{name}"
+    sysfs.link(f"bus/pci/devices/{name}", sysfs.directory(device))
     return device
 
 
 def add_mig_capabilities(host: HostPaths, minor: int, gi: int, ci: int) -> None:
     """The capability files of a MIG device made at run time, as the driver makes its /proc ones and
     nvidia-modprobe (or nvidia-ctk) its /dev/nvidia-caps nodes."""
-    gi_dir = host.proc_root / "driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
-    dev = host.dev_root / "dev"
-    _capability(gi_dir / "access", gi_cap_minor(minor, gi), dev)
-    _capability(gi_dir / f"ci{ci}" / "access", ci_cap_minor(minor, gi, ci), dev)
+    _capabilities(FileTree(host.proc_root), FileTree(host.dev_root / "dev"), minor, gi, ci)
 
 
-def _capability(access: Path, cap_minor: int, dev: Path) -> None:
-    access.parent.mkdir(parents=True, exist_ok=True)
-    # The driver's format; DeviceFileMode 292 is 0444.
-    access.write_text(f"DeviceFileMinor: {cap_minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
-    (dev / "nvidia-caps" / f"nvidia-cap{cap_minor}").touch()
+def _capabilities(proc: FileTree, dev: FileTree | None, minor: int, gi: int, ci: int) -> None:
+    """A MIG device's capability files in procfs, and their /dev/nvidia-caps nodes (none on WSL2)."""
+    gi_dir = f"driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"
+    for access, cap_minor in (
+        (f"{gi_dir}/access", gi_cap_minor(minor, gi)),
+        (f"{gi_dir}/ci{ci}/access", ci_cap_minor(minor, gi, ci)),
+    ):
+        # The driver's format; DeviceFileMode 292 is 0444.
+        proc.file(access, f"DeviceFileMinor: {cap_minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+        if dev is not None:
+            dev.file(f"nvidia-caps/nvidia-cap{cap_minor}")
 
 
 def drm_node_names(minor: int) -> tuple[str, str]:
     """The DRM card and render node names of the GPU with `minor` on a simulated node."""
     return f"card{minor + 1}", f"renderD{128 + minor}"
-
-
-def _drm_nodes(pci: Path, dev: Path, bus_id: str, minor: int) -> None:
-    card, render = drm_node_names(minor)
-    for name, kind in ((card, "card"), (render, "render")):
-        (pci / "drm" / name).mkdir(parents=True)
-        (dev / "dri" / name).touch()
-        (dev / "dri/by-path" / f"pci-{bus_id}-{kind}").symlink_to(f"../{name}")

@@ -88,6 +88,8 @@ FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "comple
 
 @dataclass(frozen=True)
 class MigSpec:
+    """A MIG device of a simulated GPU."""
+
     profile: str  # "1g.10gb", "1c.2g.20gb" or "1g.10gb+me"
     uuid: str
     gpu_slices: int
@@ -113,6 +115,8 @@ class FabricSpec:
 
 @dataclass(frozen=True)
 class GpuSpec:
+    """A simulated GPU, as its node file (or preset) describes it."""
+
     index: int
     name: str
     uuid: str
@@ -144,6 +148,8 @@ class HangSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
+    """A simulated node: driver, GPUs, links and the faults it starts with."""
+
     name: str
     driver_version: str
     cuda_driver_version: int

@@ -84,6 +84,8 @@ class BareGpuInstance:
 
 @dataclass
 class _EventSet:
+    """A simulated nvmlEventSet_t: its registrations and the events waiting."""
+
     address: int
     masks: dict[int, int] = field(default_factory=dict)  # GPU index -> registered event types
     queue: deque[tuple[int, int, int, int, int]] = field(default_factory=deque)
