@@ -132,7 +132,14 @@ def shown_size(size: int) -> str:
 def _resolved_within(source: str) -> str:
     """`source` with its symlinks resolved, refused when that leaves the directory `source` is in."""
     directory = os.path.realpath(os.path.dirname(os.path.abspath(source)))
-    real = os.path.realpath(source)
+    name = os.path.basename(source)
+    if ".." in source or name in ("", "."):
+        real = os.path.realpath(source)  # resolved whole: abspath above took ".." lexically
+    else:
+        # With its directory resolved, only the name itself can still be a link: one lstat, not another
+        # walk of every component (a sysfs path has eight or more; discovery reads dozens of them).
+        candidate = os.path.join(directory, name)
+        real = os.path.realpath(candidate) if os.path.islink(candidate) else candidate
     if os.path.dirname(real) != directory and os.path.commonpath([real, directory]) != directory:
         raise RefusedFile(
             source,

@@ -126,6 +126,24 @@ def test_symlinks_inside_the_directory_are_followed_as_configmaps_make_them(tmp_
     assert boundedio.read_text(tmp_path / "pid", 1024, symlinks="any") == "not for us"
 
 
+def test_a_path_through_linked_directories_reads_the_file_the_kernel_would(tmp_path: Path) -> None:
+    # sysfs: bus/pci/devices/<id> is a link to the device's directory, read through the link.
+    device = tmp_path / "devices" / "pci0000:00" / "0000:07:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    (tmp_path / "bus").mkdir()
+    (tmp_path / "bus" / "0000:07:00.0").symlink_to(device)
+    assert boundedio.read_text(tmp_path / "bus" / "0000:07:00.0" / "numa_node", 64) == "1\n"
+    # ".." after a link climbs from where the link leads, as open(2) does, not from the link's parent:
+    # that file is outside the directory the path names, so it is refused unless any link may be followed.
+    (tmp_path / "devices" / "pci0000:00" / "numa_node").write_text("physical\n")
+    (tmp_path / "bus" / "numa_node").write_text("lexical\n")
+    through = tmp_path / "bus" / "0000:07:00.0" / ".." / "numa_node"
+    with pytest.raises(boundedio.RefusedFile, match="outside its directory"):
+        boundedio.read_text(through, 64)
+    assert boundedio.read_text(through, 64, symlinks="any") == "physical\n"
+
+
 def test_a_missing_file_and_a_directory_say_so(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         boundedio.read_bytes(tmp_path / "absent", 1024)
