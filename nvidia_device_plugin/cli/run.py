@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from nvidia_device_plugin.config.source import ConfigSource
     from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.configmanager.inprocess import NodeLabelConfig
+    from nvidia_device_plugin.daemons.run import Daemon
     from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
 
 log = logging.getLogger("nvidia_device_plugin")
@@ -126,7 +127,24 @@ def _simulated_events(args: argparse.Namespace, simulator: SimulatedNvml | None)
 
 
 def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from nvidia_device_plugin.base import collector
     from nvidia_device_plugin.base.signals import serve_until_stopped
+
+    release_collector = collector.hold()  # from the daemon's imports until it serves (base/collector.py)
+    try:
+        daemon = _build_daemon(args, environ)
+
+        def start() -> None:
+            daemon.start()
+            release_collector()
+
+        serve_until_stopped(start, daemon.reload, daemon.stop)  # the daemon starts and stops them all
+    finally:
+        release_collector()
+    return 0
+
+
+def _build_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> Daemon:
     from nvidia_device_plugin.cli.session import nvml_opener
     from nvidia_device_plugin.config.flags import config_source, load_from
     from nvidia_device_plugin.daemons.run import Daemon, DaemonOptions
@@ -147,7 +165,7 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     open_session, simulator = nvml_opener(args.simulate, args.nvml_call_deadline)
     if args.simulate_events and simulator is None:
         log.warning("--simulate-events %s ignored: it needs --simulate", args.simulate_events)
-    daemon = Daemon(
+    return Daemon(
         DaemonOptions(
             plugin_dir=Path(args.device_plugin_path),
             load_config=load_config,
@@ -162,5 +180,3 @@ def run_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             simulated_events=_simulated_events(args, simulator),
         )
     )
-    serve_until_stopped(daemon.start, daemon.reload, daemon.stop)  # the daemon starts and stops them all
-    return 0
