@@ -27,7 +27,6 @@ import importlib.util
 import marshal
 import operator
 import os
-import pkgutil
 import sys
 import threading
 from collections.abc import Mapping
@@ -141,6 +140,8 @@ def build(package: str = PACKAGE) -> list[Path]:
     """Import every module of `package`, recording their dataclasses' methods, and write each module's
     file (replacing the previous one). Returns the files written; a module that fails to import is named
     on stderr and left out (the cache only saves time)."""
+    import pkgutil  # here: only the build walks the package (every program imports this module)
+
     global _recording
     install(package)
     _recording = {}
