@@ -121,7 +121,9 @@ def _read(module_file: str) -> dict[str, list[CodeType]]:
     """The cached code of one module; empty when there is no usable file."""
     try:
         with open(cache_file(module_file), "rb") as file:
-            data = file.read(MAX_FILE_BYTES + 1)
+            # As much as the file holds (one byte more shows it grew past the bound): asking for the bound
+            # itself made a 1 MiB buffer per module, 0.1 ms each (5 ms of a start).
+            data = file.read(min(os.fstat(file.fileno()).st_size, MAX_FILE_BYTES) + 1)
         if len(data) > MAX_FILE_BYTES or not data.startswith(_MAGIC):
             return {}
         entries = marshal.loads(data[len(_MAGIC) :])
