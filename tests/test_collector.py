@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +14,7 @@ from nvidia_device_plugin.base import collector
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
-from support.waiting import scaled
+from support.programs import output_of_a_served_run
 
 
 @pytest.fixture
@@ -83,19 +80,7 @@ def test_run_serves_with_the_collector_on_and_its_start_up_frozen(
         "--metrics-address",
         "",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _REPORT_COLLECTOR, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
-        proc.send_signal(signal.SIGTERM)
-        output, errors = proc.communicate(timeout=scaled(30))
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, errors
+    output = output_of_a_served_run(_REPORT_COLLECTOR, argv, kubelet, [GPU])
     enabled, frozen = json.loads(next(line for line in output.splitlines() if line.startswith("GC "))[3:])
     assert enabled
     assert frozen > 10_000, frozen  # the modules, classes, config and plans of start-up

@@ -9,7 +9,6 @@ the DRA mode's modules only when the config turns `dra.enabled` on.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.daemon_support import GPU
+from support.programs import output_of_a_served_run
 from support.waiting import scaled
 
 # Runs the command through the real entry point, then reports which modules ended up loaded.
@@ -131,20 +131,7 @@ def test_check_config_imports_no_server_metrics_or_kubernetes(config_file: Path)
 
 def _modules_of_a_served_run(argv: list[str], kubelet: KubeletStandIn) -> set[str]:
     """The modules `argv` (a `run`) had loaded once it served kubelet and stopped on SIGTERM."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _REPORT_MODULES, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert kubelet.wait_for_resources([GPU], timeout=scaled(30))
-        proc.send_signal(signal.SIGTERM)
-        output, errors = proc.communicate(timeout=scaled(30))
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, errors
-    return _modules(output)
+    return _modules(output_of_a_served_run(_REPORT_MODULES, argv, kubelet, [GPU]))
 
 
 def test_run_without_a_node_label_metrics_or_dra_imports_none_of_them(

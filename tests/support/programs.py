@@ -9,7 +9,17 @@ it to programs started with an environment of their own, as a container would ha
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from support.waiting import scaled
+
+if TYPE_CHECKING:
+    from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 CHILD_PATH = Path(__file__).parent / "child_path"
 
@@ -39,3 +49,21 @@ def config_manager_environment(
         CONFIG_FILE_DST=str(tmp_path / "config.yaml"),
         **extra,
     )
+
+
+def output_of_a_served_run(
+    script: str, argv: Sequence[str], kubelet: KubeletStandIn, resources: Sequence[str]
+) -> str:
+    """What `python -c script *argv` printed, a program that runs the daemon (`run ...` through the real
+    entry point), once kubelet listed `resources` and the program stopped on SIGTERM with status 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert kubelet.wait_for_resources(list(resources), timeout=scaled(30))
+        proc.send_signal(signal.SIGTERM)
+        output, errors = proc.communicate(timeout=scaled(30))
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, errors
+    return output
