@@ -66,10 +66,11 @@ def materialize_host(node: NodeSpec, root: Path) -> HostPaths:
     tree = FileTree(root)
     write_driver_root(tree.subtree("driver-root"), node.driver_version, wsl=node.wsl)
     proc, sysfs = tree.subtree("proc"), tree.subtree("sys")
-    # A WSL2 guest's /dev holds /dev/dxg, and none of the nodes the Linux driver and nvidia-drm make.
-    dev = None if node.wsl else _dev_nodes(tree.subtree("root/dev"), node)
-    if node.wsl:
+    dev: FileTree | None = None
+    if node.wsl:  # /dev/dxg, and none of the nodes the Linux driver and nvidia-drm make
         tree.file("root/dev/dxg")
+    else:
+        dev = _dev_nodes(tree.subtree("root/dev"), node)
     minors = ["config 1", "monitor 2"]
     for gpu in node.gpus:
         pci = _pci_device_dir(sysfs, gpu.pci_bus_id)
