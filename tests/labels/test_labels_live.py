@@ -56,8 +56,10 @@ def test_file_follows_reload_and_health(tmp_path: Path, plugin_dir: Path, kubele
 
         simulator(daemon).inject_xid(3, 79)
         wait_for(lambda: read_labels(labels_file).get(HEALTHY) == "7", "the healthy count to drop")
+        # The labels file can show the reload before kubelet has the reloaded list: wait for the replica too.
+        replica = f"{gpu_uuids(daemon)[3]}::0"
         assert kubelet.wait_for(
-            lambda: kubelet.devices(GPU)[f"{gpu_uuids(daemon)[3]}::0"].health == "Unhealthy"
+            lambda: replica in kubelet.devices(GPU) and kubelet.devices(GPU)[replica].health == "Unhealthy"
         )
 
         labels_file.unlink()  # removed by hand: the next change writes it again
