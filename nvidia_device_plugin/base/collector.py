@@ -21,11 +21,12 @@ def hold() -> Callable[[], None]:
     if not gc.isenabled():
         return _nothing
     gc.disable()
-    held = [True]
+    held = True
 
     def release() -> None:
+        nonlocal held
         if held:
-            held.clear()
+            held = False
             gc.freeze()
             gc.enable()
 
