@@ -177,6 +177,8 @@ class _Lane(Worker):
             self._in_call = outer
             took = time.monotonic() - started
             job = self._running  # a stuck or abandoned job is reported as such when it returns
+            # The allowance is never negative: a call under the plain bound is fast without looking it up
+            # (nearly every call: this runs after each one of a job's calls).
             if (
                 took > self._slow_after_s
                 and took > self._slow_after_s + _allowance_s(name, args, self._timeout_s)
