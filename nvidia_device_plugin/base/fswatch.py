@@ -43,6 +43,20 @@ class _Entries(FileSystemEventHandler):
                     self._on_entry(Path(str(path)), event.event_type)
 
 
+class _Events(FileSystemEventHandler):
+    def __init__(self, on_event: Callable[[str], None]) -> None:
+        self._on_event = on_event
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self._on_event(event.event_type)
+
+
+def watch_events(directories: Sequence[Path], on_event: Callable[[str], None], name: str) -> BaseObserver:
+    """A started observer passing the type of every event on an entry of `directories` to `on_event`
+    (watchdog's names: "created", "modified", "opened", "closed_no_write", ...)."""
+    return watch_directories(directories, _Events(on_event), name)
+
+
 def watch_entries(directory: Path, on_entry: EntryChanged, name: str) -> BaseObserver:
     """A started observer passing each entry created, deleted or moved in `directory` to `on_entry`."""
     return watch_directories([directory], _Entries(on_entry), name)

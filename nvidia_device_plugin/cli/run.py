@@ -156,11 +156,11 @@ def _build_daemon(args: argparse.Namespace, environ: Mapping[str, str]) -> Daemo
         source = follower.source  # linked by the follower when it starts
         load_config = partial(load_from, source, args, environ)
 
-    def watcher(on_change: Callable[[], None]) -> ConfigWatcher:
-        # Here: watchdog loads only when there is a config file to watch (start-up time and memory).
+    def watcher(on_change: Callable[[], None], defer_events: bool) -> ConfigWatcher:
+        # Here: the config watch loads only when there is a config file to watch (start-up time and memory).
         from nvidia_device_plugin.config.watch import ConfigWatcher
 
-        return ConfigWatcher(source, on_change)
+        return ConfigWatcher(source, on_change, defer_events=defer_events)
 
     open_session, simulator = nvml_opener(args.simulate, args.nvml_call_deadline)
     if args.simulate_events and simulator is None:

@@ -19,6 +19,10 @@ change and again when it is readable again; any other failure of a look is logge
 and the next look goes on.
 
 Start the watcher before the first load: a change between the load and `start()` would otherwise be missed.
+With `defer_events`, `start()` only takes the first fingerprint; the event watch (watchdog's import, three
+threads and the inotify watches: about 40 ms of CPU) is made at the thread's first look, once
+`watch_events()` is called or a poll interval has passed. That first look compares the content with the
+first fingerprint, so a change in between is still seen. `run` defers it until kubelet has the resources.
 """
 
 from __future__ import annotations
@@ -27,17 +31,17 @@ import logging
 import threading
 from collections.abc import Callable
 from types import TracebackType
-
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers.api import BaseObserver
+from typing import TYPE_CHECKING
 
 from nvidia_device_plugin.base.digests import sha256  # not hashlib: its OpenSSL costs memory
 from nvidia_device_plugin.base.errors import ConfigError
-from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories, watching
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker
 from nvidia_device_plugin.config.document import read_config_bytes
 from nvidia_device_plugin.config.source import ConfigSource
+
+if TYPE_CHECKING:  # watchdog (base/fswatch.py) loads with the first event watch: deferred by `run`
+    from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +82,6 @@ def _describe(current: Fingerprint, source: ConfigSource) -> str:
     return where
 
 
-class _Wake(FileSystemEventHandler):
-    def __init__(self, dirty: threading.Event) -> None:
-        self._dirty = dirty
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type not in _READ_ONLY_EVENTS:
-            self._dirty.set()
-
-
 class ConfigWatcher(Worker):
     """Calls `on_change()` from its thread ("config-watcher") whenever the content behind `source` changes."""
 
@@ -98,6 +93,7 @@ class ConfigWatcher(Worker):
         on_change: Callable[[], object],
         debounce_seconds: float = 0.2,
         poll_interval_seconds: float = 5.0,
+        defer_events: bool = False,
     ) -> None:
         super().__init__("config-watcher")
         self._source = source
@@ -110,6 +106,10 @@ class ConfigWatcher(Worker):
         self._checks = 0
         self._observer: BaseObserver | None = None
         self._failures = FailureLog(log)  # a look that failed; the event watch that cannot be made
+        # Set when the event watch may be made; set from the start unless it is deferred (module doc).
+        self._events_wanted = threading.Event()
+        if not defer_events:
+            self._events_wanted.set()
 
     @property
     def checks_done(self) -> int:
@@ -123,17 +123,26 @@ class ConfigWatcher(Worker):
             return self._observer is not None
 
     def setup(self) -> bool:
-        """The first fingerprint and the event watch, before start() returns: a change after it is seen."""
+        """The first fingerprint, and the event watch unless deferred, before start() returns: a change
+        after it is seen."""
         self._last = fingerprint(self._source)
-        self._ensure_observer()
+        if self._events_wanted.is_set():
+            self._ensure_observer()
         log.info("watching %s for changes", self._source.describe())
         return True
 
+    def watch_events(self) -> None:
+        """Make the deferred event watch now (at the thread's first look); idempotent."""
+        self._events_wanted.set()
+
     def wake(self) -> None:
+        self._events_wanted.set()
         self._dirty.set()
         with self._lock:
             observer, self._observer = self._observer, None
         if observer is not None:
+            from nvidia_device_plugin.base.fswatch import stop_watching  # loaded with the observer
+
             stop_watching(observer, self.join_timeout_s)
 
     def __enter__(self) -> ConfigWatcher:
@@ -151,6 +160,8 @@ class ConfigWatcher(Worker):
             if self.stopping.is_set():
                 return
             if self._observer is not None:
+                from nvidia_device_plugin.base.fswatch import stop_watching, watching  # with the observer
+
                 if watching(self._observer):
                     return
                 log.warning("lost the filesystem watch on %s; re-creating it", self._source.describe())
@@ -162,9 +173,11 @@ class ConfigWatcher(Worker):
         paths = self._source.watch_paths()
         if not paths:
             return None
+        from nvidia_device_plugin.base.fswatch import watch_events
+
         where = ", ".join(str(p) for p in paths)
         try:
-            observer = watch_directories(paths, _Wake(self._dirty), "config-watcher-events")
+            observer = watch_events(paths, self._on_event, "config-watcher-events")
         except OSError as exc:
             self._failures.report(
                 "events",
@@ -176,7 +189,16 @@ class ConfigWatcher(Worker):
             log.info("watching %s for events again", where)
         return observer
 
+    def _on_event(self, event_type: str) -> None:
+        if event_type not in _READ_ONLY_EVENTS:
+            self._dirty.set()
+
     def run(self, stop: threading.Event) -> None:
+        if not self._events_wanted.is_set():
+            self._events_wanted.wait(self._poll_interval)
+            if stop.is_set():
+                return
+            self._look()  # the event watch, then a check against the fingerprint setup() took
         while not stop.is_set():
             woken = self._dirty.wait(self._poll_interval)
             if stop.is_set():

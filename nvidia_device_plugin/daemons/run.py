@@ -7,8 +7,9 @@ the process: the plugin manager diffs the new resource set against what it serve
 
 Every thread of the process belongs to one of the daemon's `workers`, in start order (stopped in reverse):
 the probes server (first, so the liveness probe answers while discovery runs), the node-label follower
-(its config file must exist before the first load), the config watch (before the first load, so an edit
-during start-up is not missed), the labels writer, the reload retry, the GPU re-discovery, MPS readiness;
+(its config file must exist before the first load), the config watch (its fingerprint before the first load,
+so an edit during start-up is not missed; its event watch once the registrar's first round is over), the
+labels writer, the reload retry, the GPU re-discovery, MPS readiness;
 then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
 served snapshot; last the simulated events feeder, once health is watched. A MIG device dynamic MIG made
 or destroyed comes in through the same follower (its GPU read again, no rediscovery of the node), so the
@@ -77,7 +78,8 @@ if TYPE_CHECKING:  # types only: watchdog and the label pipeline load when a con
 
 log = logging.getLogger(__name__)
 
-ConfigWatcherFactory = Callable[[Callable[[], None]], "ConfigWatcher"]
+# (on_change, defer_events), config/watch.py: the Daemon defers the event watch until kubelet has resources.
+ConfigWatcherFactory = Callable[[Callable[[], None], bool], "ConfigWatcher"]
 
 
 @dataclass
@@ -121,6 +123,7 @@ class Daemon:
             options.kubelet_socket,
             events=self.metrics,
             stream_grace_seconds=options.kubelet_stream_grace_s,
+            after_first_round=self._after_first_registrations,
         )
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
@@ -152,7 +155,8 @@ class Daemon:
         )
         self.labels = self._labels_writer(options.labels)
         self.workers = WorkerGroup()  # every thread of the process, in start order (see the module doc)
-        watcher = options.watch(self._on_config_file_changed) if options.watch is not None else None
+        watcher = options.watch(self._on_config_file_changed, True) if options.watch is not None else None
+        self._config_watcher = watcher
         for part in (
             self._health_lines,  # its summaries: stopped last, after every thread that logs through it
             self._probes,
@@ -241,6 +245,12 @@ class Daemon:
         if self.cdi.problem is not None:  # a driver root mounted late, say: retried with backoff
             log.error("%s; serving no resources, retrying with backoff", self.cdi.problem)
             self.reloads.retry_later("CDI specs could not be made at start", cdi=True)
+
+    def _after_first_registrations(self) -> None:
+        """The registrar's first round is over: the config watch may make its event watch now (its import and
+        threads no longer stand between the start and kubelet seeing the resources)."""
+        if self._config_watcher is not None:
+            self._config_watcher.watch_events()
 
     def _on_config_file_changed(self) -> None:
         self.reload("config file changed")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +67,7 @@ class PluginManager:
         max_retry_seconds: float = 2.0,
         register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
         stream_grace_seconds: float = KUBELET_STREAM_GRACE_S,
+        after_first_round: Callable[[], None] | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / kubelet_socket
@@ -81,6 +82,9 @@ class PluginManager:
         )
         self._failures = FailureLog(log)
         self._registrar: Registrar | None = None
+        # Called once, on the registrar's thread, when its first round is over: kubelet was offered the
+        # resources served by then (or could not be), and the directory is watched (or cannot be).
+        self._after_first_round = after_first_round
         # The lines about other clients' ListAndWatch streams, limited per resource; a fresh one per start(),
         # as a worker runs once (the servers made meanwhile are all stopped and forgotten by stop()).
         self._stream_lines = RateLimitedLog(streams_log, name="plugin-stream-lines")
@@ -110,10 +114,20 @@ class PluginManager:
             self.kubelet_socket, self._min_retry, self._max_retry, self._register_timeout
         )
         hooks = RegistrarHooks(
-            self._watch.keep, self._bind, self._kubelet_restarted, self._failures, self._events
+            self._watch.keep,
+            self._bind,
+            self._kubelet_restarted,
+            self._failures,
+            self._events,
+            self._round_done,
         )
         self._registrar = Registrar(self._state, settings, hooks)
         self._registrar.start()
+
+    def _round_done(self) -> None:
+        after, self._after_first_round = self._after_first_round, None
+        if after is not None:
+            after()
 
     def stop(self) -> None:
         if self._registrar is not None:

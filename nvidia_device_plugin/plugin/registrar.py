@@ -67,6 +67,7 @@ class RegistrarHooks:
     kubelet_restarted: Callable[[str], None]
     failures: FailureLog
     events: PluginEvents
+    round_done: Callable[[], None]  # after each round of work, whatever came of it
 
 
 class Registrar(Worker):
@@ -109,6 +110,7 @@ class Registrar(Worker):
                 done = False
             else:
                 self._h.failures.clear(_REGISTRAR)
+            self._h.round_done()
             # Retry fast right after a kubelet restart, then back off so a dead kubelet costs nothing.
             delay = self._c.min_retry_s if done else min(delay * 2, self._c.max_retry_s)
 

@@ -68,7 +68,9 @@ def started() -> Iterator[list[ConfigWatcher]]:
         watcher.stop()
 
 
-def start(started: list[ConfigWatcher], source: ConfigSource, calls: Calls, **kwargs: float) -> ConfigWatcher:
+def start(
+    started: list[ConfigWatcher], source: ConfigSource, calls: Calls, **kwargs: float | bool
+) -> ConfigWatcher:
     kwargs.setdefault("poll_interval_seconds", NEVER)
     kwargs.setdefault("debounce_seconds", 0.05)
     watcher = ConfigWatcher(source, calls, **kwargs)
@@ -114,6 +116,53 @@ def test_plain_file_rewrite_calls_back_once(tmp_path: Path, started: list[Config
     assert calls.wait_for(1)
     settle(watcher, tmp_path / "unrelated")
     assert calls.count == 1
+
+
+def test_deferred_event_watch_sees_a_change_made_before_it(
+    tmp_path: Path, started: list[ConfigWatcher]
+) -> None:
+    """`run`'s watcher: start() takes only the fingerprint; a change between it and watch_events() is seen
+    by the first look, and events are received after it."""
+    path = tmp_path / "config.yaml"
+    path.write_text("flags: {migStrategy: none}\n")
+    calls = Calls()
+    watcher = start(started, ConfigSource.from_file(path), calls, defer_events=True)
+    assert not watcher.watching_events
+    path.write_text("flags: {migStrategy: mixed}\n")  # no event watch yet: only the first look can see it
+    assert watcher.checks_done == 0
+    watcher.watch_events()
+    assert calls.wait_for(1)
+    assert eventually(lambda: watcher.watching_events, WAIT)
+    path.write_text("flags: {migStrategy: single}\n")  # now by event (the poll interval is an hour)
+    assert calls.wait_for(2)
+    settle(watcher, tmp_path / "unrelated")
+    assert calls.count == 2
+
+
+def test_deferred_event_watch_is_made_after_a_poll_interval_unasked(
+    tmp_path: Path, started: list[ConfigWatcher]
+) -> None:
+    """Nobody calls watch_events() (the registrar never finished a round): the event watch is made anyway,
+    one poll interval after the start."""
+    path = tmp_path / "config.yaml"
+    path.write_text("flags: {migStrategy: none}\n")
+    watcher = start(
+        started, ConfigSource.from_file(path), Calls(), defer_events=True, poll_interval_seconds=0.2
+    )
+    assert not watcher.watching_events
+    assert eventually(lambda: watcher.watching_events, WAIT)
+
+
+def test_stopping_a_deferred_watcher_does_not_wait_for_its_poll_interval(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("flags: {migStrategy: none}\n")
+    watcher = ConfigWatcher(
+        ConfigSource.from_file(path), Calls(), poll_interval_seconds=NEVER, defer_events=True
+    )
+    watcher.start()
+    watcher.stop()
+    assert not watcher.alive  # joined: the wait for watch_events() ended with the stop
+    assert not watcher.watching_events
 
 
 def test_configmap_data_symlink_swap_calls_back_once(tmp_path: Path, started: list[ConfigWatcher]) -> None:

@@ -275,7 +275,7 @@ def test_configmap_swap_reloads_live_and_bad_edits_keep_last_good(
         simulated_options(
             plugin_dir,
             load_config=lambda: source.load({}),
-            watch=lambda on_change: ConfigWatcher(source, on_change),
+            watch=lambda on_change, defer: ConfigWatcher(source, on_change, defer_events=defer),
         )
     )
     daemon.start()

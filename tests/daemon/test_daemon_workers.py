@@ -58,7 +58,7 @@ def test_every_thread_the_daemon_starts_is_its_own_and_gone_after_stop(
     daemon = start_daemon(
         plugin_dir,
         load_config=lambda: source.load({}),
-        watch=lambda on_change: ConfigWatcher(source, on_change),
+        watch=lambda on_change, defer: ConfigWatcher(source, on_change, defer_events=defer),
         metrics_address="127.0.0.1:0",
         labels=LabelsOptions(path=tmp_path / "labels", machine_type_file=""),
     )

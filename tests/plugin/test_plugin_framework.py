@@ -137,6 +137,30 @@ def test_starts_before_kubelet_and_registers_when_it_appears(plugin_dir: Path) -
         manager.stop()
 
 
+def test_after_first_round_is_called_once_on_the_registrar_thread(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    """`run` makes its config file's event watch from this hook: once, when the registrar's first round is
+    over, never again (not after a kubelet restart)."""
+    calls: list[tuple[str, int]] = []
+    manager = PluginManager(
+        plugin_dir,
+        after_first_round=lambda: calls.append((threading.current_thread().name, len(kubelet.registrations))),
+    )
+    manager.start()
+    try:
+        serve(manager, {"example.com/a": FakeBackend(["a0"])})
+        assert kubelet.wait_for_resources(["example.com/a"])
+        assert kubelet.wait_for(lambda: len(calls) == 1)
+        kubelet.restart()
+        assert kubelet.wait_for_resources(["example.com/a"])
+        assert kubelet.wait_for(manager.all_registered)
+    finally:
+        manager.stop()
+    assert len(calls) == 1
+    assert calls[0][0] == "plugin-registrar"
+
+
 def test_kubelet_restarts_twenty_times_without_leaks(kubelet: KubeletStandIn, manager: PluginManager) -> None:
     serve(manager, {"example.com/a": FakeBackend(["a0"]), "example.com/b": FakeBackend(["b0"])})
     assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
