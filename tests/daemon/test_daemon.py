@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -290,6 +291,44 @@ def test_configmap_swap_reloads_live_and_bad_edits_keep_last_good(
         assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8, timeout=scaled(5))
     finally:
         daemon.stop()
+
+
+def test_config_file_event_watch_is_made_once_kubelet_has_the_resources(
+    plugin_dir: Path, tmp_path: Path
+) -> None:
+    """watchdog's import and threads stay off the way to kubelet: while kubelet handles the first Register,
+    the config watch has only its fingerprint; after the registrar's round it receives events (the poll
+    interval is an hour, so only an event can bring the edit below)."""
+    from nvidia_device_plugin.config.source import ConfigSource
+    from nvidia_device_plugin.config.watch import ConfigWatcher
+
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\n")
+    source = ConfigSource.from_file(path)
+    watchers: list[ConfigWatcher] = []
+    at_register: list[bool] = []
+
+    def make(on_change: Callable[[], None], defer: bool) -> ConfigWatcher:
+        watchers.append(ConfigWatcher(source, on_change, poll_interval_seconds=3600, defer_events=defer))
+        return watchers[-1]
+
+    def watching_at_register(request: object) -> None:
+        at_register.append(watchers[0].watching_events)
+
+    with kubelet_standin(plugin_dir, reject=watching_at_register) as kubelet:
+        daemon = Daemon(simulated_options(plugin_dir, load_config=lambda: source.load({}), watch=make))
+        daemon.start()
+        try:
+            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 8)
+            assert kubelet.wait_for(lambda: watchers[0].watching_events)
+            path.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n" + _TWO_REPLICAS)
+            assert kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, timeout=scaled(5))
+        finally:
+            daemon.stop()
+    assert at_register[:1] == [False]
+
+
+_TWO_REPLICAS = "      - {name: nvidia.com/gpu, replicas: 2}\n"
 
 
 def reloads(daemon: Daemon, result: str) -> float:
