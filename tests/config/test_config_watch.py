@@ -79,6 +79,22 @@ def start(
     return watcher
 
 
+def one_call_back_for(edit: str, path: Path, watcher: ConfigWatcher, calls: Calls) -> None:
+    """Write `edit` to `path`: exactly one more call back, and no other once the watcher has looked again."""
+    expected = calls.count + 1
+    path.write_text(edit)
+    assert calls.wait_for(expected)
+    settle(watcher, path.parent / "unrelated")
+    assert calls.count == expected
+
+
+def config_file(directory: Path) -> Path:
+    """A plain config file in `directory`, its first content written."""
+    path = directory / "config.yaml"
+    path.write_text("flags: {migStrategy: none}\n")
+    return path
+
+
 class ConfigMapVolume:
     """A ConfigMap volume laid out and updated exactly as kubelet's AtomicWriter does it."""
 
@@ -107,15 +123,11 @@ class ConfigMapVolume:
 
 
 def test_plain_file_rewrite_calls_back_once(tmp_path: Path, started: list[ConfigWatcher]) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("flags: {migStrategy: none}\n")
+    path = config_file(tmp_path)
     calls = Calls()
     watcher = start(started, ConfigSource.from_file(path), calls)
     assert watcher.watching_events
-    path.write_text("flags: {migStrategy: mixed}\n")
-    assert calls.wait_for(1)
-    settle(watcher, tmp_path / "unrelated")
-    assert calls.count == 1
+    one_call_back_for("flags: {migStrategy: mixed}\n", path, watcher, calls)
 
 
 def test_deferred_event_watch_sees_a_change_made_before_it(
@@ -123,8 +135,7 @@ def test_deferred_event_watch_sees_a_change_made_before_it(
 ) -> None:
     """`run`'s watcher: start() takes only the fingerprint; a change between it and watch_events() is seen
     by the first look, and events are received after it."""
-    path = tmp_path / "config.yaml"
-    path.write_text("flags: {migStrategy: none}\n")
+    path = config_file(tmp_path)
     calls = Calls()
     watcher = start(started, ConfigSource.from_file(path), calls, defer_events=True)
     assert not watcher.watching_events
@@ -133,10 +144,7 @@ def test_deferred_event_watch_sees_a_change_made_before_it(
     watcher.watch_events()
     assert calls.wait_for(1)
     assert eventually(lambda: watcher.watching_events, WAIT)
-    path.write_text("flags: {migStrategy: single}\n")  # now by event (the poll interval is an hour)
-    assert calls.wait_for(2)
-    settle(watcher, tmp_path / "unrelated")
-    assert calls.count == 2
+    one_call_back_for("flags: {migStrategy: single}\n", path, watcher, calls)  # by event: polls are hourly
 
 
 def test_deferred_event_watch_is_made_after_a_poll_interval_unasked(
@@ -144,8 +152,7 @@ def test_deferred_event_watch_is_made_after_a_poll_interval_unasked(
 ) -> None:
     """Nobody calls watch_events() (the registrar never finished a round): the event watch is made anyway,
     one poll interval after the start."""
-    path = tmp_path / "config.yaml"
-    path.write_text("flags: {migStrategy: none}\n")
+    path = config_file(tmp_path)
     watcher = start(
         started, ConfigSource.from_file(path), Calls(), defer_events=True, poll_interval_seconds=0.2
     )
@@ -154,8 +161,7 @@ def test_deferred_event_watch_is_made_after_a_poll_interval_unasked(
 
 
 def test_stopping_a_deferred_watcher_does_not_wait_for_its_poll_interval(tmp_path: Path) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text("flags: {migStrategy: none}\n")
+    path = config_file(tmp_path)
     watcher = ConfigWatcher(
         ConfigSource.from_file(path), Calls(), poll_interval_seconds=NEVER, defer_events=True
     )
