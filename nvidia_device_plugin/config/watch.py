@@ -22,7 +22,8 @@ Start the watcher before the first load: a change between the load and `start()`
 With `defer_events`, `start()` only takes the first fingerprint; the event watch (watchdog's import, three
 threads and the inotify watches: about 40 ms of CPU) is made at the thread's first look, once
 `watch_events()` is called or a poll interval has passed. That first look compares the content with the
-first fingerprint, so a change in between is still seen. `run` defers it until kubelet has the resources.
+first fingerprint, so a change in between is still seen. `run` defers it until kubelet has every resource
+registered.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the process: the plugin manager diffs the new resource set against what it serve
 Every thread of the process belongs to one of the daemon's `workers`, in start order (stopped in reverse):
 the probes server (first, so the liveness probe answers while discovery runs), the node-label follower
 (its config file must exist before the first load), the config watch (its fingerprint before the first load,
-so an edit during start-up is not missed; its event watch once the registrar's first round is over), the
+so an edit during start-up is not missed; its event watch once kubelet has every resource registered), the
 labels writer, the reload retry, the GPU re-discovery, MPS readiness;
 then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
 served snapshot; last the simulated events feeder, once health is watched. A MIG device dynamic MIG made
@@ -123,7 +123,7 @@ class Daemon:
             options.kubelet_socket,
             events=self.metrics,
             stream_grace_seconds=options.kubelet_stream_grace_s,
-            after_first_round=self._after_first_registrations,
+            after_first_registrations=self._after_first_registrations,
         )
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
@@ -247,8 +247,9 @@ class Daemon:
             self.reloads.retry_later("CDI specs could not be made at start", cdi=True)
 
     def _after_first_registrations(self) -> None:
-        """The registrar's first round is over: the config watch may make its event watch now (its import and
-        threads no longer stand between the start and kubelet seeing the resources)."""
+        """Kubelet has every served resource registered: the config watch may make its event watch now (its
+        import and threads no longer stand between the start and kubelet seeing the resources; without
+        registrations, it makes it a poll interval after the start)."""
         if self._config_watcher is not None:
             self._config_watcher.watch_events()
 

@@ -67,7 +67,7 @@ class PluginManager:
         max_retry_seconds: float = 2.0,
         register_timeout_seconds: float = REGISTER_TIMEOUT_SECONDS,
         stream_grace_seconds: float = KUBELET_STREAM_GRACE_S,
-        after_first_round: Callable[[], None] | None = None,
+        after_first_registrations: Callable[[], None] | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / kubelet_socket
@@ -82,9 +82,9 @@ class PluginManager:
         )
         self._failures = FailureLog(log)
         self._registrar: Registrar | None = None
-        # Called once, on the registrar's thread, when its first round is over: kubelet was offered the
-        # resources served by then (or could not be), and the directory is watched (or cannot be).
-        self._after_first_round = after_first_round
+        # Called once, on the registrar's thread, after the first round that leaves every served resource
+        # (one at least) registered with kubelet; never when none is served or kubelet never accepts.
+        self._after_first_registrations = after_first_registrations
         # The lines about other clients' ListAndWatch streams, limited per resource; a fresh one per start(),
         # as a worker runs once (the servers made meanwhile are all stopped and forgotten by stop()).
         self._stream_lines = RateLimitedLog(streams_log, name="plugin-stream-lines")
@@ -125,8 +125,9 @@ class PluginManager:
         self._registrar.start()
 
     def _round_done(self) -> None:
-        after, self._after_first_round = self._after_first_round, None
-        if after is not None:
+        after = self._after_first_registrations
+        if after is not None and self._state.all_registered():
+            self._after_first_registrations = None
             after()
 
     def stop(self) -> None:

@@ -17,7 +17,7 @@ from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.kubelet_standin import kubelet_standin
-from support.waiting import scaled
+from support.waiting import eventually, scaled
 
 
 class FakeBackend:
@@ -137,28 +137,33 @@ def test_starts_before_kubelet_and_registers_when_it_appears(plugin_dir: Path) -
         manager.stop()
 
 
-def test_after_first_round_is_called_once_on_the_registrar_thread(
-    kubelet: KubeletStandIn, plugin_dir: Path
-) -> None:
-    """`run` makes its config file's event watch from this hook: once, when the registrar's first round is
-    over, never again (not after a kubelet restart)."""
-    calls: list[tuple[str, int]] = []
+def test_after_first_registrations_waits_for_kubelet_and_is_called_once(plugin_dir: Path) -> None:
+    """`run` makes its config file's event watch from this hook: not while kubelet is away (the registrar's
+    rounds register nothing), once every served resource is registered, and never again (not after a kubelet
+    restart)."""
+    calls: list[tuple[str, bool]] = []
     manager = PluginManager(
         plugin_dir,
-        after_first_round=lambda: calls.append((threading.current_thread().name, len(kubelet.registrations))),
+        after_first_registrations=lambda: calls.append(
+            (threading.current_thread().name, manager.all_registered())
+        ),
     )
     manager.start()
     try:
-        serve(manager, {"example.com/a": FakeBackend(["a0"])})
-        assert kubelet.wait_for_resources(["example.com/a"])
-        assert kubelet.wait_for(lambda: len(calls) == 1)
-        kubelet.restart()
-        assert kubelet.wait_for_resources(["example.com/a"])
-        assert kubelet.wait_for(manager.all_registered)
+        serve(manager, {"example.com/a": FakeBackend(["a0"]), "example.com/b": FakeBackend(["b0"])})
+        # The registrar's first round ends by watching the directory; after it, rounds without kubelet.
+        assert eventually(lambda: any(t.name == "plugin-dir-watch" for t in threading.enumerate()))
+        threading.Event().wait(scaled(0.3))
+        assert calls == []
+        with kubelet_standin(plugin_dir) as kubelet:
+            assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
+            assert kubelet.wait_for(lambda: len(calls) == 1)
+            kubelet.restart()
+            assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
+            assert kubelet.wait_for(manager.all_registered)
     finally:
         manager.stop()
-    assert len(calls) == 1
-    assert calls[0][0] == "plugin-registrar"
+    assert calls == [("plugin-registrar", True)]
 
 
 def test_kubelet_restarts_twenty_times_without_leaks(kubelet: KubeletStandIn, manager: PluginManager) -> None:
