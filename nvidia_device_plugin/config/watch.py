@@ -107,10 +107,8 @@ class ConfigWatcher(Worker):
         self._checks = 0
         self._observer: BaseObserver | None = None
         self._failures = FailureLog(log)  # a look that failed; the event watch that cannot be made
-        # Set when the event watch may be made; set from the start unless it is deferred (module doc).
-        self._events_wanted = threading.Event()
-        if not defer_events:
-            self._events_wanted.set()
+        self._defer_events = defer_events  # the event watch is made by the thread's first look (module doc)
+        self._events_wanted = threading.Event()  # that look may come now: watch_events(), or the stop
 
     @property
     def checks_done(self) -> int:
@@ -127,7 +125,7 @@ class ConfigWatcher(Worker):
         """The first fingerprint, and the event watch unless deferred, before start() returns: a change
         after it is seen."""
         self._last = fingerprint(self._source)
-        if self._events_wanted.is_set():
+        if not self._defer_events:
             self._ensure_observer()
         log.info("watching %s for changes", self._source.describe())
         return True
@@ -195,7 +193,7 @@ class ConfigWatcher(Worker):
             self._dirty.set()
 
     def run(self, stop: threading.Event) -> None:
-        if not self._events_wanted.is_set():
+        if self._defer_events:  # decided by the constructor: watch_events() may come before this thread runs
             self._events_wanted.wait(self._poll_interval)
             if stop.is_set():
                 return

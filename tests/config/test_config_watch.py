@@ -160,6 +160,26 @@ def test_deferred_event_watch_is_made_after_a_poll_interval_unasked(
     assert eventually(lambda: watcher.watching_events, WAIT)
 
 
+class _AskedBeforeItsThreadRuns(ConfigWatcher):
+    """watch_events() called between start()'s setup and the thread's first step (a fast registration)."""
+
+    def setup(self) -> bool:
+        made = super().setup()
+        self.watch_events()
+        return made
+
+
+def test_deferred_event_watch_asked_for_before_the_thread_runs_is_made_at_once(
+    tmp_path: Path, started: list[ConfigWatcher]
+) -> None:
+    watcher = _AskedBeforeItsThreadRuns(
+        ConfigSource.from_file(config_file(tmp_path)), Calls(), poll_interval_seconds=NEVER, defer_events=True
+    )
+    started.append(watcher)
+    watcher.start()
+    assert eventually(lambda: watcher.watching_events, WAIT)
+
+
 def test_stopping_a_deferred_watcher_does_not_wait_for_its_poll_interval(tmp_path: Path) -> None:
     path = config_file(tmp_path)
     watcher = ConfigWatcher(

@@ -297,8 +297,8 @@ def test_config_file_event_watch_is_made_once_kubelet_has_the_resources(
     plugin_dir: Path, tmp_path: Path
 ) -> None:
     """watchdog's import and threads stay off the way to kubelet: while kubelet handles the first Register,
-    the config watch has only its fingerprint; after the registrar's round it receives events (the poll
-    interval is an hour, so only an event can bring the edit below)."""
+    the config watch has only its fingerprint; once kubelet has the resource registered it receives events
+    (the poll interval is an hour, so only an event can bring the edit below)."""
     from nvidia_device_plugin.config.source import ConfigSource
     from nvidia_device_plugin.config.watch import ConfigWatcher
 
