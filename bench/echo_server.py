@@ -2,6 +2,14 @@
 responses. Same generated stubs, same thread pool size and message limits as the plugin's ResourceServer,
 so a round trip to it is what gRPC itself costs. Run as `python -m bench.echo_server SOCKET`; it prints
 "ready" once serving and stops on SIGTERM.
+
+`--floor` (and `--floor=config`) adds what any device plugin built on this project's dependencies must
+do before kubelet sees it, with none of the plugin's own code: import pynvml (with ctypes), argparse and
+dataclasses, watch the socket's directory with watchdog (kubelet's restarts, as the device-plugin API
+asks), and make one client call (kubelet's Register) to its own socket before "ready". `config` adds
+PyYAML's parse of a small document and a second watch (the config file's), as a daemon run with a config
+file makes. The bench reports this beside the bare server: what is left between the two is the budget
+the plugin's own code has under a target set against the bare server.
 """
 
 from __future__ import annotations
@@ -11,12 +19,16 @@ import sys
 import threading
 from concurrent import futures
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.api.v1beta1 import api_pb2_grpc as pb_grpc
 from nvidia_device_plugin.plugin.protocol import MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES
+
+if TYPE_CHECKING:
+    from watchdog.observers.api import BaseObserver
 
 
 class EchoServicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -48,9 +60,36 @@ def serve(socket: str) -> grpc.Server:
     return server
 
 
+def floor(socket: str, config: bool) -> list[BaseObserver]:
+    """The dependencies' share of a plugin's start (see the module's docstring); returns what must live on."""
+    import argparse  # noqa: F401 - imported for its cost: every daemon parses flags
+    import dataclasses  # noqa: F401 - the plugin's data types are dataclasses
+    from pathlib import Path
+
+    import pynvml  # noqa: F401 - the NVML boundary
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=10)
+    directories = [Path(socket).parent] * (2 if config else 1)
+    if config:
+        import yaml
+
+        yaml.load("version: v1\nflags:\n  migStrategy: none\n", Loader=yaml.CSafeLoader)
+    observers = []
+    for directory in directories:
+        observer = Observer()
+        observer.schedule(FileSystemEventHandler(), str(directory))
+        observer.start()
+        observers.append(observer)
+    return observers
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m bench.echo_server SOCKET", file=sys.stderr)
+    modes = {"--floor": False, "--floor=config": True}
+    if len(argv) not in (1, 2) or (len(argv) == 2 and argv[0] not in modes):
+        print("usage: python -m bench.echo_server [--floor | --floor=config] SOCKET", file=sys.stderr)
         return 2
     stop = threading.Event()
 
@@ -59,10 +98,13 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server = serve(argv[0])
+    server = serve(argv[-1])
+    kept = floor(argv[-1], modes[argv[0]]) if len(argv) == 2 else []
     print("ready", flush=True)
     while not stop.wait(3600):
         pass
+    for observer in kept:
+        observer.stop()
     server.stop(0).wait()
     return 0
 

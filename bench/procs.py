@@ -2,7 +2,8 @@
 
 * DaemonProcess: `python -m nvidia_device_plugin run --simulate NODE ...` in its own process, with a
   KubeletStandIn in this one as its kubelet.
-* EchoServer: `python -m bench.echo_server SOCKET`, a bare grpcio DevicePlugin server (the floor).
+* EchoServer: `python -m bench.echo_server SOCKET`, a bare grpcio DevicePlugin server (the reference);
+  with `floor`, the same server doing what the plugin's dependencies cost (echo_server.py's `--floor`).
 * `python -c pass`: what spawning any Python process costs.
 
 Children get a minimal environment (no CONFIG_FILE, MIG_STRATEGY, ... from the caller's), so the flags the
@@ -161,13 +162,15 @@ class EchoServer:
 
 
 @contextlib.contextmanager
-def echo_server() -> Iterator[EchoServer]:
-    """A bare grpcio DevicePlugin server in another process; yields once it is serving."""
+def echo_server(floor: str | None = None) -> Iterator[EchoServer]:
+    """A bare grpcio DevicePlugin server in another process; yields once it is serving. `floor` ("deps" or
+    "config") adds the dependencies' share of a plugin's start (bench/echo_server.py)."""
     directory = short_tmp_dir("echo")
     socket = directory / "echo.sock"
+    mode = {None: [], "deps": ["--floor"], "config": ["--floor=config"]}[floor]
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.echo_server", str(socket)],
+        [sys.executable, "-m", "bench.echo_server", *mode, str(socket)],
         cwd=REPO_ROOT,
         env=child_env(),
         stdout=subprocess.PIPE,

@@ -193,15 +193,27 @@ def startup(budget: Budget) -> list[Figure]:
     echo_cpu: list[float] = []
     samples: dict[str, list[float]] = {key: [] for key, _, _, _ in _STARTUP_NODES}
     cpu: dict[str, list[float]] = {key: [] for key, _, _, _ in _STARTUP_NODES}
+    floor: list[float] = []
     for _ in range(budget.spawns):
         with echo_server() as server:
             echo.append(server.started_s * MS)
             echo_cpu.append(cpu_seconds(server.pid) * MS)
+        with echo_server("deps") as server:
+            floor.append(server.started_s * MS)
         for key, node, config, _ in _STARTUP_NODES:
             with daemon_process(node, config) as daemon:
                 cpu[key].append(cpu_seconds(daemon.pid) * MS)
                 samples[key].append((daemon.ready_at - daemon.spawned_at) * MS)
-    figures = [figure("startup.python", "python -c pass", "ms", python_pass)]
+    figures = [
+        figure("startup.python", "python -c pass", "ms", python_pass),
+        figure(
+            "startup.floor",
+            "Dependencies' floor: the server plus pynvml, argparse, a directory watch, a client call",
+            "ms",
+            floor,
+            ("idle grpcio server start", echo),
+        ),
+    ]
     for key, _, _, label in _STARTUP_NODES:
         figures.append(
             figure(
@@ -235,9 +247,13 @@ def memory(budget: Budget) -> list[Figure]:
     with echo_server() as echo:
         time.sleep(0.5)
         echo_rss = rss_mb(echo.pid)
+    with echo_server("config") as echo:
+        time.sleep(0.5)
+        floor_rss = rss_mb(echo.pid)
     reference = ("idle grpcio server", [echo_rss])
     target = worst_under(60, "MB")
-    figures = []
+    floor_title = "Dependencies' floor: the server plus pynvml, argparse, PyYAML, two watches, a client call"
+    figures = [figure("rss.floor", floor_title, "MB", [floor_rss], reference)]
     with daemon_process("dgx-a100", "time-slicing-100") as daemon:
         time.sleep(0.5)
         figures.append(
