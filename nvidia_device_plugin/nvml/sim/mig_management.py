@@ -14,7 +14,6 @@ moves. Hangs and injected failures apply as to every simulated call (nvml/sim/st
 from __future__ import annotations
 
 import ctypes
-import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -51,7 +50,7 @@ _CI_PROFILES = {
     pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE: 4,
     pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7,
 }
-_UUID_NAMESPACE = uuid.UUID("3b0c6a52-8f1e-4d59-9a57-6d1f0c2b7e41")  # MIG devices made at run time
+_UUID_NAMESPACE = "3b0c6a52-8f1e-4d59-9a57-6d1f0c2b7e41"  # MIG devices made at run time
 
 
 def _written(ref: object, kind: type) -> Any:

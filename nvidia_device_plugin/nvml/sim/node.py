@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from nvidia_device_plugin.nvml.sim.uuids import name_uuid
 # from a zip); a path, not importlib.resources, which loads zipfile and its compressors into every run.
 _PRESETS = Path(__file__).parent / "presets"
 _MAX_NODE_FILE_BYTES = 4 * 1024 * 1024
-_UUID_NAMESPACE = uuid.UUID("6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11")
+_UUID_NAMESPACE = "6b1e0c8a-52c3-4f4e-9d0c-0c2d5b7a9e11"
 _PROFILE = re.compile(
     r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb"
     rf"(?P<attr>{'|'.join(re.escape(suffix) for suffix in ATTRIBUTE_SUFFIXES)})?$"
@@ -331,6 +330,8 @@ def _fabric(doc: Any, source: str, where: str) -> FabricSpec | None:
     if not isinstance(doc, dict) or "cluster_uuid" not in doc or "clique_id" not in doc:
         raise ConfigError(f"{source}: {where} must be a mapping with cluster_uuid and clique_id, got {doc!r}")
     _reject_unknown(doc, _FABRIC_KEYS, source, where + ".")
+    import uuid  # here, not at the top: only a node on an NVLink fabric names one (uuid loads platform)
+
     try:
         cluster = uuid.UUID(str(doc["cluster_uuid"])).bytes
     except ValueError:
