@@ -90,6 +90,8 @@ class RegistrationState(Generic[S]):
         # When each resource's last kubelet stream ended (by our stop too); kept while the same kubelet runs.
         self._stream_ended: dict[str, float] = {}
         self._kubelet_inode: KubeletSocketId | None = None  # of the kubelet.sock last registered with
+        # When a kubelet restart was last taken in: a stream opened before then was the gone kubelet's.
+        self._restarted_at: float | None = None
         self._registering_with: KubeletSocketId | None = None  # the kubelet.sock last registered to
         self._next_due: float | None = None  # the earliest deferred registration is due then
 
@@ -136,10 +138,17 @@ class RegistrationState(Generic[S]):
     def stream_ended(self, name: str, server: S, lived_s: float, lost: bool) -> float | None:
         """Kubelet's stream of `server` ended. When `lost` (not by our stop), register again so that kubelet
         opens a new one: also while a registration is in flight (its request number changes, so its
-        success is not taken for a live stream). Answers the delay before that (None: no registration)."""
+        success is not taken for a live stream). Answers the delay before that (None: no registration).
+        A stream opened before the last kubelet restart was taken in changes nothing: that restart
+        registers everything again, at once."""
         b = self._backoff
         with self._lock:
             now = self._clock()
+            if self._restarted_at is not None and now - lived_s < self._restarted_at:
+                # The gone kubelet's stream, its end told after the restart was taken in (the streams end
+                # on their own threads): the restart queued every resource already, with no settle time
+                # and no backoff, and neither may come back from this late news.
+                return None
             self._stream_ended[name] = now
             if not lost or self._servers.get(name) is not server:
                 return None
@@ -179,6 +188,8 @@ class RegistrationState(Generic[S]):
         self._kubelet_inode = None
         self._not_before.clear()
         self._stream_ended.clear()
+        self._losses.clear()  # the gone kubelet's streams say nothing of how the new one keeps them
+        self._restarted_at = self._clock()
 
     # ---- what the registrar asks and says ------------------------------------------------------
 

@@ -160,6 +160,60 @@ def test_a_kubelet_restart_serves_and_registers_everything_anew_and_forgets_the_
     assert due_names(state.due(KUBELET)) == ["a", "b"]  # same inode, but no kubelet registered with
 
 
+def test_the_gone_kubelets_streams_ending_after_the_restart_was_taken_in_hold_nothing_back() -> None:
+    # The streams end on their own threads: their ends can be told after the new kubelet.sock was, even
+    # after a first resource is registered with the new kubelet (which makes it no longer "fresh").
+    state, clock = state_with("a", "b")
+    register_all(state)
+    servers = {name: state.server(name) for name in ("a", "b")}
+    clock.now += 5.0
+    state.kubelet_socket_created(OTHER_KUBELET)
+    for name in ("a", "b"):
+        state.rebound(name)
+    first = state.due(OTHER_KUBELET).now[0]
+    assert first.name == "a" and state.accepted(first, OTHER_KUBELET)
+    clock.now += 0.01
+    for name, server in servers.items():
+        assert server is not None
+        assert state.stream_ended(name, server, lived_s=5.005, lost=True) is None  # opened before the restart
+    assert due_names(state.due(OTHER_KUBELET)) == ["b"]  # at once: no settle time, no backoff
+    assert state.registered() == {"a"}  # the new registration of "a" stands
+
+
+def test_a_stream_of_the_new_kubelet_still_settles_when_it_ends() -> None:
+    state, clock = state_with("a")
+    register_all(state)
+    clock.now += 5.0
+    state.kubelet_restarted()
+    state.rebound("a")
+    register_all(state, OTHER_KUBELET)
+    clock.now += 1.0
+    server = state.server("a")
+    assert server is not None
+    assert state.stream_ended("a", server, lived_s=0.5, lost=True) == 0.0  # opened after the restart
+    assert state.due(OTHER_KUBELET).now == []
+    clock.now += REGISTER_SETTLE_S
+    assert due_names(state.due(OTHER_KUBELET)) == ["a"]
+
+
+def test_a_kubelet_restart_forgets_the_streak_of_short_lived_streams() -> None:
+    backoff = Backoff(min_retry_s=0.05, max_retry_s=2.0, settle_s=0.0)
+    state, clock = state_with("a", backoff=backoff)
+    server = state.server("a")
+    assert server is not None
+    for _ in range(4):
+        register_all(state)
+        delay = state.stream_ended("a", server, lived_s=0.01, lost=True)
+        assert delay is not None
+        clock.now += delay
+    assert delay > 0
+    state.kubelet_restarted()
+    state.rebound("a")
+    register_all(state, OTHER_KUBELET)
+    clock.now += 1.0
+    assert state.stream_ended("a", server, lived_s=0.01, lost=True) == 0.0  # the first loss with this kubelet
+
+
 def test_short_lived_streams_lost_in_a_row_back_off_doubling_to_the_maximum() -> None:
     backoff = Backoff(min_retry_s=0.05, max_retry_s=0.3, settle_s=0.0)
     state, clock = state_with("a", backoff=backoff)
