@@ -117,11 +117,13 @@ class Registrar(Worker):
     def _step(self, stop: threading.Event) -> bool:
         """One round of registrar work; True when nothing is left to retry. The directory watch is made
         (or checked) after the registrations: at start, kubelet sees the resources without waiting for it,
-        and what it would have told in between, _check_sockets finds at the next round."""
+        and what it would have told in between, _check_sockets finds once it is in place."""
         self._check_sockets()
         bound = self._rebind_sockets()
         registered = self._register_pending(stop)
         watched = self._h.keep_watching()
+        if watched:  # a kubelet restart before the watch was in place is seen now, not at the next check
+            self._check_sockets()
         return watched and bound and registered
 
     def _check_sockets(self) -> None:

@@ -6,6 +6,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -164,6 +165,36 @@ def test_after_first_registrations_waits_for_kubelet_and_is_called_once(plugin_d
     finally:
         manager.stop()
     assert calls == [("plugin-registrar", True)]
+
+
+def test_a_kubelet_restart_before_the_directory_watch_is_in_place_is_seen_at_once(
+    plugin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registrar makes the directory watch after its first registrations (kubelet need not wait for
+    it). A kubelet restart in between makes no event, and this kubelet opens no ListAndWatch stream whose
+    end would tell; the restart is seen once the watch is in place, not at the registrar's next look, here
+    an hour away."""
+    from nvidia_device_plugin.base import fswatch
+
+    made = fswatch.watch_entries
+    restarted = threading.Event()
+    with kubelet_standin(plugin_dir, watch=False) as kubelet:
+
+        def restart_first(*args: Any, **kwargs: Any) -> Any:
+            if not restarted.is_set():
+                kubelet.restart()  # in the window: registered, not yet watched
+                restarted.set()
+            return made(*args, **kwargs)
+
+        monkeypatch.setattr(fswatch, "watch_entries", restart_first)
+        manager = PluginManager(plugin_dir, max_retry_seconds=3600)
+        manager.start()
+        try:
+            serve(manager, {"example.com/a": FakeBackend(["a0"])})
+            assert kubelet.wait_for(restarted.is_set)
+            assert kubelet.wait_for(lambda: kubelet.resources() == ["example.com/a"])  # the new kubelet's
+        finally:
+            manager.stop()
 
 
 def test_kubelet_restarts_twenty_times_without_leaks(kubelet: KubeletStandIn, manager: PluginManager) -> None:
