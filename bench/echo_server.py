@@ -4,11 +4,11 @@ so a round trip to it is what gRPC itself costs. Run as `python -m bench.echo_se
 "ready" once serving and stops on SIGTERM.
 
 `--floor` (and `--floor=config`) adds what any device plugin built on this project's dependencies must
-do before kubelet sees it, with none of the plugin's own code: import pynvml (with ctypes), argparse and
-dataclasses, watch the socket's directory with watchdog (kubelet's restarts, as the device-plugin API
-asks), and make one client call (kubelet's Register) to its own socket before "ready". `config` adds
-PyYAML's parse of a small document and a second watch (the config file's), as a daemon run with a config
-file makes. The bench reports this beside the bare server: what is left between the two is the budget
+do, with none of the plugin's own code. Before "ready": import pynvml (with ctypes), argparse and
+dataclasses, and make one client call (kubelet's Register) to its own socket; `config` adds PyYAML's parse
+of a small document. After "ready", as the plugin does once registered: watch the socket's directory with
+watchdog (kubelet's restarts, as the device-plugin API asks), and with `config` a second directory (the
+config file's). The bench reports this beside the bare server: what is left between the two is the budget
 the plugin's own code has under a target set against the bare server.
 """
 
@@ -60,25 +60,30 @@ def serve(socket: str) -> grpc.Server:
     return server
 
 
-def floor(socket: str, config: bool) -> list[BaseObserver]:
-    """The dependencies' share of a plugin's start (see the module's docstring); returns what must live on."""
+def floor(socket: str, config: bool) -> None:
+    """The dependencies' share of a plugin's start before kubelet sees it (see the module's docstring)."""
     import argparse  # noqa: F401 - imported for its cost: every daemon parses flags
     import dataclasses  # noqa: F401 - the plugin's data types are dataclasses
-    from pathlib import Path
 
     import pynvml  # noqa: F401 - the NVML boundary
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
 
-    with grpc.insecure_channel(f"unix:{socket}") as channel:
-        pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=10)
-    directories = [Path(socket).parent] * (2 if config else 1)
     if config:
         import yaml
 
         yaml.load("version: v1\nflags:\n  migStrategy: none\n", Loader=yaml.CSafeLoader)
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=10)
+
+
+def floor_watches(socket: str, config: bool) -> list[BaseObserver]:
+    """The watches a plugin makes once registered (see the module's docstring); stopped by the caller."""
+    from pathlib import Path
+
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+
     observers = []
-    for directory in directories:
+    for directory in [Path(socket).parent] * (2 if config else 1):
         observer = Observer()
         observer.schedule(FileSystemEventHandler(), str(directory))
         observer.start()
@@ -99,8 +104,10 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server = serve(argv[-1])
-    kept = floor(argv[-1], modes[argv[0]]) if len(argv) == 2 else []
+    if len(argv) == 2:
+        floor(argv[-1], modes[argv[0]])
     print("ready", flush=True)
+    kept = floor_watches(argv[-1], modes[argv[0]]) if len(argv) == 2 else []
     while not stop.wait(3600):
         pass
     for observer in kept:

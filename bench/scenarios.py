@@ -208,7 +208,7 @@ def startup(budget: Budget) -> list[Figure]:
         figure("startup.python", "python -c pass", "ms", python_pass),
         figure(
             "startup.floor",
-            "Dependencies' floor: the server plus pynvml, argparse, a directory watch, a client call",
+            "Dependencies' floor: the server plus pynvml, argparse, a client call (the watch after it)",
             "ms",
             floor,
             ("idle grpcio server start", echo),

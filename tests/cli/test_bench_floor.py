@@ -33,7 +33,8 @@ import grpc
 import bench.echo_server as echo
 from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb, api_pb2_grpc as pb_grpc
 server = echo.serve(sys.argv[1])
-observers = echo.floor(sys.argv[1], sys.argv[2] == "config")
+echo.floor(sys.argv[1], sys.argv[2] == "config")
+observers = echo.floor_watches(sys.argv[1], sys.argv[2] == "config")
 with grpc.insecure_channel("unix:" + sys.argv[1]) as channel:
     answer = pb_grpc.DevicePluginStub(channel).Allocate(pb.AllocateRequest(), timeout=10)
 answered = answer == pb.AllocateResponse()
