@@ -1,8 +1,8 @@
 """SHA-1 and SHA-256 digests from CPython's own hash modules, without loading hashlib.
 
 hashlib loads OpenSSL's `_hashlib`, about 0.5 MB of resident memory in every process that touches it, for
-what the daemon needs: a few digests at start-up (the simulator's UUIDs) and one per config-file event (the
-watched file's fingerprint). CPython's `_sha1` and `_sha2` give the same digests; hashlib is the fallback
+what the daemon needs: a few digests for name-based UUIDs (base/uuids.py) and one per config-file event
+(the watched file's fingerprint). CPython's `_sha1` and `_sha2` give the same digests; hashlib is the fallback
 for an interpreter built without them.
 """
 

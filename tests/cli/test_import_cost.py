@@ -57,8 +57,8 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
 # imports (issue 28's start-up target): the CDI node scan, the label pipeline, the config-file watch,
 # decimal (MIG memory sizes), the simulated events feeder, the other commands' modules, difflib (the hints
 # of usage errors), hashlib (OpenSSL's `_hashlib`: the simulator's UUIDs are made without it), uuid and the
-# platform module it loads (only CDI annotations and a GPU on an NVLink fabric use it), and PyYAML (no config
-# file; the simulator's presets are JSON).
+# platform module it loads (base/uuids.py writes the package's UUIDs), and PyYAML (no config file; the
+# simulator's presets are JSON).
 NOT_FOR_A_PLAIN_RUN = (
     "nvidia_device_plugin.cdi.spec",
     "nvidia_device_plugin.cdi.edits",

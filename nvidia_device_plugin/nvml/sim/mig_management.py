@@ -19,6 +19,7 @@ from typing import Any
 
 import pynvml
 
+from nvidia_device_plugin.base.uuids import name_uuid
 from nvidia_device_plugin.nvml.api import (
     ComputeInstanceHandle,
     ComputeInstanceInfo,
@@ -38,7 +39,6 @@ from nvidia_device_plugin.nvml.sim.state import (
     _nvml_error,
     pynvml_function,
 )
-from nvidia_device_plugin.nvml.sim.uuids import name_uuid
 
 _MAX_MIG_SLOTS = 7  # nvmlDeviceGetMaxMigDeviceCount on these GPUs
 _MAX_GI_ID = 14  # the driver's GPU instance IDs run 0..14 (nvml/sim/host.py lists their capabilities)

@@ -15,9 +15,9 @@ from typing import Any
 
 from nvidia_device_plugin.base.boundedio import read_text
 from nvidia_device_plugin.base.errors import ConfigError
+from nvidia_device_plugin.base.uuids import name_uuid
 from nvidia_device_plugin.nvml.mig_profiles import ATTRIBUTE_SUFFIXES
 from nvidia_device_plugin.nvml.sim.placement import check_layout
-from nvidia_device_plugin.nvml.sim.uuids import name_uuid
 
 # The presets ship as package data, files beside this module in every install (the package is never run
 # from a zip); a path, not importlib.resources, which loads zipfile and its compressors into every run.
