@@ -92,10 +92,11 @@ def floor_watches(socket: str, config: bool) -> list[BaseObserver]:
 
 
 def main(argv: list[str]) -> int:
-    modes = {"--floor": False, "--floor=config": True}
+    modes = {"--floor": False, "--floor=config": True}  # with a config file, or not
     if len(argv) not in (1, 2) or (len(argv) == 2 and argv[0] not in modes):
         print("usage: python -m bench.echo_server [--floor | --floor=config] SOCKET", file=sys.stderr)
         return 2
+    socket, config = argv[-1], modes.get(argv[0]) if len(argv) == 2 else None
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -103,11 +104,11 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server = serve(argv[-1])
-    if len(argv) == 2:
-        floor(argv[-1], modes[argv[0]])
+    server = serve(socket)
+    if config is not None:
+        floor(socket, config)
     print("ready", flush=True)
-    kept = floor_watches(argv[-1], modes[argv[0]]) if len(argv) == 2 else []
+    kept = floor_watches(socket, config) if config is not None else []
     while not stop.wait(3600):
         pass
     for observer in kept:
