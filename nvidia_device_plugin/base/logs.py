@@ -145,7 +145,8 @@ class RateLimitedLog(Worker):
 
     The summaries are written by the log's own worker thread (`name`), which the daemon that owns the log
     starts and stops with its other workers; stop() writes the summaries still pending, whether their
-    window ended or not, so none is lost on shutdown.
+    window ended or not, so none is lost on shutdown. The thread is made when the first line is left out
+    (Worker.start_thread): a log that never leaves one out, as most never do, runs none.
     """
 
     def __init__(
@@ -169,21 +170,31 @@ class RateLimitedLog(Worker):
     def log(self, key: str, level: int, message: str, *args: object) -> bool:
         """Log `message % args` unless `key` has had `burst` lines in this window; True when logged."""
         now = time.monotonic()
+        first = False
         with self._lock:
             window = self._windows.get(key)
             if window is None or now - window.start >= self._window_s:
                 self._windows[key] = window = _Window(now)
-            if window.logged >= self._burst:
+            left_out = window.logged >= self._burst
+            if left_out:
                 first = window.suppressed == 0
                 window.suppressed += 1
                 window.last = (level, message, args)
                 if first:  # said once the window ends, by the worker thread
                     self._pending.append((key, window))
                     self._changed.notify()
-                return False
-            window.logged += 1
-        self._log.log(level, message, *args)
-        return True
+            else:
+                window.logged += 1
+        if not left_out:
+            self._log.log(level, message, *args)
+            return True
+        if first:
+            self.start_thread()  # the first summary to write: the thread setup() put off, if not made yet
+        return False
+
+    def setup(self) -> bool:
+        with self._lock:
+            return bool(self._pending)  # a thread now only for lines left out before the start
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

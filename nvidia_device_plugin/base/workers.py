@@ -5,10 +5,12 @@ probes, node-label watch, reload retry, MPS supervisor, the simulated events fee
 shape is the same for all of them, so a reader checks it once:
 
 * `start()` runs `setup()` in the caller's thread (what must be in place when start returns: a bound
-  port, a registered event set; raising there fails the start, returning False means nothing to run,
-  and either way no thread is made), then `run(stop)` on a new thread named after the worker. A second
-  start is a programming error and raises, whether the first run is still going, has ended, or the
-  worker was stopped first: a worker is not restartable (make a new one).
+  port, a registered event set; raising there fails the start, returning False means nothing to run
+  yet, and either way no thread is made), then `run(stop)` on a new thread named after the worker. A
+  worker whose work only comes now and then (a summary to write, a retry to make) puts its thread off
+  that way and makes it with `start_thread()` when the first piece arrives: most daemons never need
+  those threads. A second start is a programming error and raises, whether the first run is still going,
+  has ended, or the worker was stopped first: a worker is not restartable (make a new one).
 * `stop()` sets the stop event, calls `wake()` (a worker blocked in a wait that the event cannot end
   overrides it), joins for at most `join_timeout_s`, then calls `cleanup()` once. It may be called
   before start, twice, or from the worker's own thread (then it does not join itself).
@@ -64,7 +66,8 @@ class Worker:
 
     def setup(self) -> bool:
         """Runs in start()'s caller before the thread; raise to fail the start, return False when there is
-        nothing to run (then no thread is made). Default: nothing to prepare."""
+        nothing to run yet (then no thread is made, unless `start_thread` makes it later). Default: nothing
+        to prepare."""
         return True
 
     def run(self, stop: threading.Event) -> None:
@@ -92,8 +95,18 @@ class Worker:
             self._started = True
             if not self.setup():
                 return
-            self._thread = threading.Thread(target=self._body, name=self.name, daemon=True)
-            self._thread.start()
+            self._spawn()
+
+    def start_thread(self) -> None:
+        """Make the thread that setup() put off (it returned False), now that there is work for it. Nothing
+        when the thread was made already, or the worker is not started or is stopping."""
+        with self._lifecycle:
+            if self._started and self._thread is None and not self._stop_event.is_set():
+                self._spawn()
+
+    def _spawn(self) -> None:  # the lifecycle lock held
+        self._thread = threading.Thread(target=self._body, name=self.name, daemon=True)
+        self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
         self._stop_event.set()

@@ -270,7 +270,8 @@ class ReloadRetry(Worker):
     """The "reload-retry" thread: calls `reload(reason)` once a scheduled retry is due.
 
     One retry waits at a time: a reload that fails while one is pending leaves it as it is; the retry,
-    when it fails again, schedules the next one itself.
+    when it fails again, schedules the next one itself. The thread is made for the first retry (most
+    daemons never need one).
     """
 
     def __init__(self, reload: Callable[[str], object]) -> None:
@@ -287,7 +288,12 @@ class ReloadRetry(Worker):
                 return False
             self._due = (time.monotonic() + delay_s, reason)
         self._wake.set()
+        self.start_thread()  # the thread setup() put off, if this is the first retry
         return True
+
+    def setup(self) -> bool:
+        with self._lock:
+            return self._due is not None  # a thread now only for a retry scheduled before the start
 
     def wake(self) -> None:
         self._wake.set()

@@ -9,11 +9,13 @@ Every thread of the process belongs to one of the daemon's `workers`, in start o
 the probes server (first, so the liveness probe answers while discovery runs), the node-label follower
 (its config file must exist before the first load), the config watch (its fingerprint before the first load,
 so an edit during start-up is not missed; its event watch once kubelet has every resource registered), the
-labels writer, the reload retry, the GPU re-discovery, MPS readiness;
+labels writer, the reload retry, the GPU re-discovery;
 then, once NVML is open, the plugin manager (its registrar and gRPC servers) and the health monitor of the
-served snapshot; last the simulated events feeder, once health is watched. A MIG device dynamic MIG made
-or destroyed comes in through the same follower (its GPU read again, no rediscovery of the node), so the
-labels, metrics, health monitor and DRA slices follow it from that one apply.
+served snapshot; last the simulated events feeder, once health is watched. What only some configs use joins
+when a served snapshot first uses it: MPS readiness (an MPS plan), the DRA side's workers (dra.enabled).
+The CDI spec publisher, which has no thread, is made the same way (a CDI strategy). A MIG device dynamic
+MIG made or destroyed comes in through the same follower (its GPU read again, no rediscovery of the node),
+so the labels, metrics, health monitor and DRA slices follow it from that one apply.
 Stopping lets NVML go first (`stop_waiting`: no thread waits on a call a GPU reset hung, so the stop ends
 well within kubelet's grace period), then stops the workers, then shuts NVML down unless a call still holds
 it (nvml/bounded.py names that call).
@@ -33,9 +35,7 @@ from typing import TYPE_CHECKING
 from nvidia_device_plugin.base.errors import ConfigError, NvmlError
 from nvidia_device_plugin.base.logs import FailureLog, RateLimitedLog
 from nvidia_device_plugin.base.workers import Worker, WorkerGroup
-from nvidia_device_plugin.cdi.model import CdiError
-from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
-from nvidia_device_plugin.cdi.writer import CdiPublisher
+from nvidia_device_plugin.cdi.model import CdiError, CdiPlan
 from nvidia_device_plugin.config.sharing_modes import sharing_mode
 from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.daemons.announce import config_line, decisions, notices, resources_line
@@ -63,17 +63,14 @@ from nvidia_device_plugin.plugin.manager import KUBELET_STREAM_GRACE_S, PluginMa
 from nvidia_device_plugin.serving.backend import GpuResourceBackend
 from nvidia_device_plugin.serving.imex import imex_problem, imex_summary
 from nvidia_device_plugin.sharing.mps import shared_devices
-from nvidia_device_plugin.sharing.readiness import (
-    DEFAULT_POLL_INTERVAL_S,
-    MpsReadinessWatcher,
-    ReadinessChange,
-)
 from nvidia_device_plugin.snapshot import Snapshot
 from nvidia_device_plugin.telemetry.on_demand import daemon_events, probe_server
 
-if TYPE_CHECKING:  # types only: watchdog and the label pipeline load when a config file or --labels-file asks
+if TYPE_CHECKING:  # types only: these load when a config file, --labels-file, MPS or CDI asks for them
+    from nvidia_device_plugin.cdi.writer import CdiPublisher
     from nvidia_device_plugin.config.watch import ConfigWatcher
     from nvidia_device_plugin.labels.writer import LabelsFileWriter, LabelsOptions
+    from nvidia_device_plugin.sharing.readiness import MpsReadinessWatcher, ReadinessChange
     from nvidia_device_plugin.telemetry.probes import ProbeServer
 
 log = logging.getLogger(__name__)
@@ -96,7 +93,8 @@ class DaemonOptions:
     metrics_render_cache_s: float | None = None
     # Metrics counted without an HTTP server (read in-process); `run` counts only what it serves.
     count_metrics: bool = True
-    mps_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # how often MPS status files are re-read
+    # How often MPS status files are re-read; None: sharing.readiness.DEFAULT_POLL_INTERVAL_S.
+    mps_poll_interval_s: float | None = None
     labels: LabelsOptions | None = None  # --labels-file: NFD features.d file following every change
     # --node-config-label: keeps the config file `load_config` reads linked to the one the node's label
     # names (configmanager.inprocess.NodeLabelConfig); its start makes the first choice or raises.
@@ -128,8 +126,9 @@ class Daemon:
         self.snapshot: Snapshot | None = None
         self.nvml: NvmlSession | None = None
         # CDI specs of the served snapshot (cdi-annotations / cdi-cri), keeping the names kubelet's
-        # checkpoint still holds; `_cdi_retrying`: why a reload is being retried for CDI, while it is.
-        self.cdi = CdiPublisher(options.plugin_dir / CHECKPOINT_FILE)
+        # checkpoint still holds: made when a snapshot first has CDI specs (_publish_cdi). `_cdi_retrying`:
+        # why a reload is being retried for CDI, while it is.
+        self._cdi: CdiPublisher | None = None
         self._cdi_retrying: str | None = None
         self._discovery = FailureLog(log)  # the snapshot's warnings (announce.notices), each logged once
         self._noticed: set[str] = set()  # their keys, as last logged
@@ -143,8 +142,9 @@ class Daemon:
         )
         self.reloads = self._follower()
         self._monitor: HealthMonitor | None = None
-        # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready.
-        self.mps_readiness = MpsReadinessWatcher(self._on_mps_readiness_change, options.mps_poll_interval_s)
+        # MPS daemons belong to `mps-control-daemon`; the plugin only reads whether they are ready: made,
+        # and its thread started, when a snapshot first serves MPS (_mps_readiness_for).
+        self._mps_readiness: MpsReadinessWatcher | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._probes = probe_server(
             options.metrics_address,
@@ -165,7 +165,6 @@ class Daemon:
             self.labels.worker if self.labels is not None else None,
             self.reloads.retry,
             self.reloads.rediscovery,
-            self.mps_readiness,
         ):
             if part is not None:
                 self.workers.add(part)
@@ -242,8 +241,8 @@ class Daemon:
         mark_lost_at_start_up(self.registry, snapshot.inventory)
         self._serve(snapshot)
         self._watch_health(snapshot)
-        if self.cdi.problem is not None:  # a driver root mounted late, say: retried with backoff
-            log.error("%s; serving no resources, retrying with backoff", self.cdi.problem)
+        if (problem := self.cdi_problem) is not None:  # a driver root mounted late, say: retried with backoff
+            log.error("%s; serving no resources, retrying with backoff", problem)
             self.reloads.retry_later("CDI specs could not be made at start", cdi=True)
 
     def _after_first_registrations(self) -> None:
@@ -287,8 +286,8 @@ class Daemon:
     def readiness(self) -> str | None:
         """None when every served resource is registered with kubelet; otherwise what is missing."""
         manager = self.manager
-        if self.cdi.problem is not None:
-            return f"not ready: {self.cdi.problem}; retrying with backoff"
+        if (problem := self.cdi_problem) is not None:
+            return f"not ready: {problem}; retrying with backoff"
         if self._cdi_retrying is not None:
             return (
                 f"not ready: {self._cdi_retrying}; still serving the previous config, retrying with backoff"
@@ -362,7 +361,7 @@ class Daemon:
         first = self.snapshot is None
         cdi_problem = snapshot.cdi.problem if snapshot.cdi is not None else None
         if cdi_problem is None or first:
-            cdi_problem = self.cdi.publish(snapshot.cdi)
+            cdi_problem = self._publish_cdi(snapshot.cdi)
         if cdi_problem is not None and not first:
             self._cdi_retrying = cdi_problem
             raise CdiError(cdi_problem)
@@ -370,16 +369,7 @@ class Daemon:
 
     def _serve(self, snapshot: Snapshot) -> None:
         self._start_dra(snapshot)
-        # Read MPS readiness before the new lists are served, so the first list is already right.
-        self.mps_readiness.watch(
-            snapshot.config.flags.mps_root,
-            (
-                (p.name, uuid)
-                for p in snapshot.plans
-                if sharing_mode(p.sharing).needs_control_daemon
-                for uuid in shared_devices(p)
-            ),
-        )
+        mps_gate = self._mps_readiness_for(snapshot)
         specs = {
             plan.name: ResourceSpec(
                 plan.name,
@@ -389,7 +379,7 @@ class Daemon:
                     snapshot.inventory,
                     snapshot.allocation,
                     self.registry,
-                    mps_gate=self.mps_readiness if sharing_mode(plan.sharing).needs_control_daemon else None,
+                    mps_gate=mps_gate if sharing_mode(plan.sharing).needs_control_daemon else None,
                 ),
             )
             for plan in self.dra.plugin_plans(snapshot)
@@ -397,7 +387,7 @@ class Daemon:
         # The specs were written (by _servable) before the servers see the new plans, so every name
         # Allocate returns is defined; when they cannot be made at start, no resource is served rather
         # than names no runtime resolves.
-        if self.cdi.problem is not None:
+        if self.cdi_problem is not None:
             specs = {}
         self.snapshot = snapshot
         self.manager.apply(specs)
@@ -409,6 +399,44 @@ class Daemon:
         the daemon's: when `snapshot` is the first to turn dra.enabled on."""
         for worker in self.dra.enable(snapshot, self.nvml):
             self.workers.start(worker)
+
+    @property
+    def cdi_problem(self) -> str | None:
+        """Why the CDI specs of the served snapshot could not be written at start; None when they were (or
+        no snapshot has had CDI specs)."""
+        return self._cdi.problem if self._cdi is not None else None
+
+    def _publish_cdi(self, plan: CdiPlan | None) -> str | None:
+        """Write `plan`'s specs (None: keep only the names kubelet's checkpoint holds); why not, when they
+        cannot be. The publisher is made for the first plan: until then nothing of ours is in a spec
+        directory, so a node that never used a CDI strategy neither loads it nor reads the checkpoint."""
+        if self._cdi is None:
+            if plan is None:
+                return None
+            from nvidia_device_plugin.cdi.retention import CHECKPOINT_FILE
+            from nvidia_device_plugin.cdi.writer import CdiPublisher
+
+            self._cdi = CdiPublisher(self.options.plugin_dir / CHECKPOINT_FILE)
+        return self._cdi.publish(plan)
+
+    def _mps_readiness_for(self, snapshot: Snapshot) -> MpsReadinessWatcher | None:
+        """The MPS readiness watcher, reading `snapshot`'s MPS replicas' GPUs now, before their lists are
+        served, so the first list is already right. Made, its thread joining the daemon's workers, when a
+        snapshot first serves MPS: a node that never does neither loads it nor runs its thread."""
+        mps = [p for p in snapshot.plans if sharing_mode(p.sharing).needs_control_daemon]
+        if self._mps_readiness is None:
+            if not mps:
+                return None
+            from nvidia_device_plugin.sharing.readiness import DEFAULT_POLL_INTERVAL_S, MpsReadinessWatcher
+
+            interval = self.options.mps_poll_interval_s
+            self._mps_readiness = MpsReadinessWatcher(
+                self._on_mps_readiness_change, DEFAULT_POLL_INTERVAL_S if interval is None else interval
+            )
+            self.workers.start(self._mps_readiness)
+        pairs = [(p.name, uuid) for p in mps for uuid in shared_devices(p)]
+        self._mps_readiness.watch(snapshot.config.flags.mps_root, pairs)
+        return self._mps_readiness
 
     def _on_dra_owners_changed(self) -> None:
         """A GPU changed sides (on the handover thread): serve the device plugin's lists again."""

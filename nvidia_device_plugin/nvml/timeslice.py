@@ -17,7 +17,6 @@ from typing import Final, Literal, Protocol
 
 import pynvml
 
-from nvidia_device_plugin.base import children
 from nvidia_device_plugin.base.errors import NvmlError
 
 log = logging.getLogger(__name__)
@@ -57,6 +56,9 @@ class NvidiaSmiTimeSlice:
             "--set-timeslice",
             str(INTERVALS[interval]),
         ]
+        # Here, not at the top: only setting a time-slice runs a child, and every `run` imports this module.
+        from nvidia_device_plugin.base import children
+
         try:
             outcome = children.run(argv, self._env, timeout_s=SET_TIMEOUT_S)
         except OSError as exc:

@@ -57,9 +57,15 @@ NOT_FOR_RUN_WITHOUT_METRICS_OR_DRA = (
 # imports (issue 28's start-up target): the CDI node scan, the label pipeline, the config-file watch,
 # decimal (MIG memory sizes), the simulated events feeder, the other commands' modules, difflib (the hints
 # of usage errors), hashlib (OpenSSL's `_hashlib`: the simulator's UUIDs are made without it), uuid and the
-# platform module it loads (base/uuids.py writes the package's UUIDs), and PyYAML (no config file; the
-# simulator's presets are JSON).
+# platform module it loads (base/uuids.py writes the package's UUIDs), PyYAML (no config file; the
+# simulator's presets are JSON), the MPS readiness watcher (no MPS plan), the CDI spec publisher (no CDI
+# strategy: nor is kubelet's checkpoint read) and the child-process runner (nvidia-smi sets time-slices).
 NOT_FOR_A_PLAIN_RUN = (
+    "nvidia_device_plugin.sharing.readiness",
+    "nvidia_device_plugin.cdi.writer",
+    "nvidia_device_plugin.cdi.retention",
+    "nvidia_device_plugin.cdi.version",
+    "nvidia_device_plugin.base.children",
     "nvidia_device_plugin.cdi.spec",
     "nvidia_device_plugin.cdi.edits",
     "nvidia_device_plugin.cdi.scan",

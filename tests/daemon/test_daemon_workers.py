@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from nvidia_device_plugin.base.workers import Worker
+from nvidia_device_plugin.config.loader import parse_config_text
 from nvidia_device_plugin.config.source import ConfigSource
+from nvidia_device_plugin.config.v1 import Config
 from nvidia_device_plugin.config.watch import ConfigWatcher
 from nvidia_device_plugin.daemons.run import Daemon
 from nvidia_device_plugin.labels.writer import LabelsOptions
@@ -27,12 +29,12 @@ DAEMON_THREADS = {
     "probes-http",
     "config-watcher",
     "labels-writer",
-    "reload-retry",
-    "mps-readiness",
     "plugin-registrar",
     "nvml-health",
-    "log-summaries",  # the rate-limited health lines' summaries
 }
+# Its workers whose thread is made only when work for it comes (Worker.start_thread): a reload to retry,
+# a health line left out (the rate-limited health lines' summaries).
+PUT_OFF = {"reload-retry", "log-summaries"}
 
 
 def thread_names(since: set[threading.Thread] | None = None) -> set[str]:
@@ -65,13 +67,42 @@ def test_every_thread_the_daemon_starts_is_its_own_and_gone_after_stop(
     try:
         assert kubelet.wait_for_resources([GPU])
         assert thread_names(before) >= DAEMON_THREADS
+        assert not PUT_OFF & thread_names(before)
+        assert "mps-readiness" not in thread_names(before)  # no MPS plan: not even a worker
         # kubelet lists the devices from the stream it opens inside Register, a moment before the
         # registrar reads Register's answer: until then liveness says "registration in progress".
         wait_for(lambda: daemon.liveness() is None, "liveness once registered")
-        assert {getattr(w, "name", "") for w in daemon.workers} >= DAEMON_THREADS - {"plugin-registrar"}
+        assert {getattr(w, "name", "") for w in daemon.workers} >= (DAEMON_THREADS | PUT_OFF) - {
+            "plugin-registrar"
+        }
     finally:
         daemon.stop()
-    assert not DAEMON_THREADS & thread_names(before)
+    assert not (DAEMON_THREADS | PUT_OFF) & thread_names(before)
+
+
+def test_the_mps_readiness_thread_joins_the_daemons_workers_when_it_serves_mps(
+    tmp_path: Path, plugin_dir: Path, kubelet: KubeletStandIn
+) -> None:
+    mps = parse_config_text(
+        f"version: v1\nflags:\n  mpsRoot: {tmp_path / 'mps'}\nsharing:\n  mps:\n"
+        f"    resources:\n    - name: {GPU}\n      replicas: 2\n"
+    )
+    configs = [Config(), mps]
+    before = set(threading.enumerate())
+    daemon = start_daemon(plugin_dir, load_config=lambda: configs[0])
+    try:
+        assert kubelet.wait_for_resources([GPU])
+        assert "mps-readiness" not in thread_names(before)
+        configs[0] = mps
+        assert daemon.reload("test: MPS")
+        assert "mps-readiness" in thread_names(before)
+        assert "mps-readiness" in {getattr(w, "name", "") for w in daemon.workers}
+        configs[0] = Config()
+        assert daemon.reload("test: no MPS")  # the watcher stays, watching nothing
+        assert "mps-readiness" in thread_names(before)
+    finally:
+        daemon.stop()
+    assert "mps-readiness" not in thread_names(before)
 
 
 def test_a_worker_that_dies_is_logged_and_fails_the_liveness_probe(

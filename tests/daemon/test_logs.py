@@ -124,9 +124,27 @@ def test_the_summaries_are_a_worker_whose_stop_writes_what_is_pending_and_joins(
     caplog.set_level(logging.INFO, logger=logger.name)
     lines = RateLimitedLog(logger, burst=1, window_s=3600.0)
     lines.start()
-    assert lines.alive
-    assert [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(3)] == [True, False, False]
+    assert lines.log("GPU-a", logging.WARNING, "GPU-a flip 0")
+    assert not lines.alive  # no thread while no line is left out
+    assert [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in (1, 2)] == [False, False]
+    assert lines.alive  # made for the first line left out
     lines.stop()
     assert not lines.alive  # joined by its owner's stop, not left to the end of the process
     summaries = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
     assert summaries == ["2 more line(s) about GPU-a left out in 3600s; the last: GPU-a flip 2"]
+
+
+def test_a_line_left_out_before_the_start_has_its_thread_made_by_the_start(
+    caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
+) -> None:
+    logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
+    caplog.set_level(logging.INFO, logger=logger.name)
+    lines = RateLimitedLog(logger, burst=1, window_s=0.05)
+    request.addfinalizer(lines.stop)
+    assert [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(2)] == [True, False]
+    assert not lines.alive
+    lines.start()
+    assert lines.alive
+    assert eventually(lambda: any("left out" in r.getMessage() for r in caplog.records))
+    summaries = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert summaries == ["1 more line(s) about GPU-a left out in 0.05s; the last: GPU-a flip 1"]

@@ -33,6 +33,7 @@ from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulator, start_daemon
 from support.kubelet_standin import kubelet_standin
 from support.markers import soak
+from support.threads import counted_threads
 from support.waiting import scaled
 
 STATUS = grpc.StatusCode
@@ -76,7 +77,7 @@ def test_kubelet_restarts_reregister_every_time_without_leaking(
     kubelet.restart()
     assert kubelet.wait_for_resources([GPU])
     assert kubelet.wait_for(daemon.manager.all_registered)
-    threads_before, fds_before = threading.active_count(), open_fds()
+    threads_before, fds_before = counted_threads(), open_fds()
 
     for n in range(restarts):
         kubelet.restart()
@@ -86,8 +87,8 @@ def test_kubelet_restarts_reregister_every_time_without_leaking(
     assert visible_devices(kubelet, [uuid]) == uuid
     assert kubelet.wait_for(daemon.manager.all_registered)
     # The stand-in's ListAndWatch threads of the previous kubelet end as their streams close.
-    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=scaled(10)), (
-        f"threads grew from {threads_before} to {threading.active_count()} over {restarts} restarts"
+    assert kubelet.wait_for(lambda: counted_threads() <= threads_before + 2, timeout=scaled(10)), (
+        f"threads grew from {threads_before} to {counted_threads()} over {restarts} restarts"
     )
     assert open_fds() <= fds_before + 8, f"descriptors grew from {fds_before} to {open_fds()}"
     assert len(kubelet.registrations) >= restarts

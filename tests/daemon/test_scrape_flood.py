@@ -16,6 +16,7 @@ from nvidia_device_plugin.telemetry.probes import MAX_SCRAPES
 
 from support.daemon_support import GPU, gpu_uuids, start_daemon
 from support.markers import soak
+from support.threads import counted_threads
 from support.waiting import scaled
 
 SCRAPERS = 2 * MAX_SCRAPES  # more than the server serves at once: some are refused (503), none may hang
@@ -52,7 +53,7 @@ def test_allocate_answers_through_a_scrape_flood_without_leaks(
         assert daemon.probes is not None
         port = daemon.probes.port
         assert _scrape(port) == 200
-        threads_before = threading.active_count()
+        threads_before = counted_threads()
         fds_before = len(os.listdir("/proc/self/fd"))
         replica = f"{gpu_uuids(daemon)[0]}::0"
         for _ in range(rounds):
@@ -71,7 +72,7 @@ def test_allocate_answers_through_a_scrape_flood_without_leaks(
                 assert not scraper.is_alive(), "a scrape hung"
             assert 200 in statuses and set(statuses) <= {200, 503}
         assert _scrape(port) == 200
-        assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=scaled(10))
+        assert kubelet.wait_for(lambda: counted_threads() <= threads_before + 2, timeout=scaled(10))
         assert kubelet.wait_for(
             lambda: len(os.listdir("/proc/self/fd")) <= fds_before + 8, timeout=scaled(10)
         )

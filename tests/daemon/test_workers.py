@@ -141,6 +141,41 @@ def test_a_setup_with_nothing_to_run_makes_no_thread() -> None:
     worker.stop()
 
 
+def test_a_thread_put_off_is_made_once_by_start_thread_and_never_after_stop() -> None:
+    class PutOff(Recording):
+        def setup(self) -> bool:
+            super().setup()
+            return False  # no work yet
+
+    journal: list[str] = []
+    early = PutOff("put-off-early", journal)
+    early.start_thread()  # not started: nothing
+    assert threads_named("put-off-early") == []
+    early.stop()
+    worker = PutOff("put-off", journal)
+    worker.start()
+    assert worker.started and not worker.alive and threads_named("put-off") == []
+    worker.start_thread()
+    worker.start_thread()  # made already: still one thread
+    assert worker.alive and len(threads_named("put-off")) == 1
+    worker.stop()
+    assert not worker.alive and threads_named("put-off") == []
+    worker.start_thread()  # stopped: nothing
+    assert not worker.alive and threads_named("put-off") == []
+    stopped = PutOff("put-off-stopped", journal)
+    stopped.start()
+    stopped.stop()
+    stopped.start_thread()
+    assert threads_named("put-off-stopped") == []
+    assert journal == [
+        "cleanup put-off-early",
+        "setup put-off",
+        "cleanup put-off",
+        "setup put-off-stopped",
+        "cleanup put-off-stopped",
+    ]
+
+
 def test_a_thread_that_does_not_stop_in_time_is_left_behind_and_said_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -28,6 +28,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 from support.daemon_support import GPU, start_daemon
 from support.kubelet_standin import kubelet_standin
 from support.markers import soak
+from support.threads import counted_threads
 from support.waiting import eventually, scaled
 
 RESOURCE = "example.com/dev"
@@ -67,7 +68,7 @@ def test_unread_streams_never_starve_allocate(
     serve(manager)
     assert kubelet.wait_for_resources([RESOURCE])
     stub = pb_grpc.DevicePluginStub(channel)
-    threads_before = threading.active_count()
+    threads_before = counted_threads()
     for _ in range(rounds):
         # More streams than the server has workers, none of them ever read.
         streams = [stub.ListAndWatch(pb.Empty()) for _ in range(12)]
@@ -91,7 +92,7 @@ def test_unread_streams_never_starve_allocate(
     kubelet.restart()
     assert kubelet.wait_for_resources([RESOURCE])
     assert allocate_answers(kubelet)
-    assert eventually(lambda: threading.active_count() <= threads_before + 4)
+    assert eventually(lambda: counted_threads() <= threads_before + 4)
 
 
 def test_a_new_stream_gets_the_device_list_and_updates(
