@@ -97,12 +97,20 @@ def test_json_format_keeps_each_record_on_one_line(capsys: pytest.CaptureFixture
 # ---- RateLimitedLog (issue 23 item 15: a flapping GPU wrote ~20,000 lines in 10 s) -----------------------
 
 
+def _rate_limited(caplog: pytest.LogCaptureFixture, burst: int, window_s: float) -> RateLimitedLog:
+    logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
+    caplog.set_level(logging.INFO, logger=logger.name)
+    return RateLimitedLog(logger, burst=burst, window_s=window_s)
+
+
+def _summaries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+
+
 def test_repeated_lines_are_limited_per_key_and_summarised_when_the_window_ends(
     caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
-    logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
-    caplog.set_level(logging.INFO, logger=logger.name)
-    lines = RateLimitedLog(logger, burst=3, window_s=0.2)
+    lines = _rate_limited(caplog, burst=3, window_s=0.2)
     lines.start()  # the summaries' worker, as the daemon that owns the log starts it
     request.addfinalizer(lines.stop)
     logged = [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(100)]
@@ -120,9 +128,7 @@ def test_repeated_lines_are_limited_per_key_and_summarised_when_the_window_ends(
 def test_the_summaries_are_a_worker_whose_stop_writes_what_is_pending_and_joins(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
-    caplog.set_level(logging.INFO, logger=logger.name)
-    lines = RateLimitedLog(logger, burst=1, window_s=3600.0)
+    lines = _rate_limited(caplog, burst=1, window_s=3600.0)
     lines.start()
     assert lines.log("GPU-a", logging.WARNING, "GPU-a flip 0")
     assert not lines.alive  # no thread while no line is left out
@@ -130,21 +136,17 @@ def test_the_summaries_are_a_worker_whose_stop_writes_what_is_pending_and_joins(
     assert lines.alive  # made for the first line left out
     lines.stop()
     assert not lines.alive  # joined by its owner's stop, not left to the end of the process
-    summaries = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
-    assert summaries == ["2 more line(s) about GPU-a left out in 3600s; the last: GPU-a flip 2"]
+    assert _summaries(caplog) == ["2 more line(s) about GPU-a left out in 3600s; the last: GPU-a flip 2"]
 
 
 def test_a_line_left_out_before_the_start_has_its_thread_made_by_the_start(
     caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
-    logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
-    caplog.set_level(logging.INFO, logger=logger.name)
-    lines = RateLimitedLog(logger, burst=1, window_s=0.05)
+    lines = _rate_limited(caplog, burst=1, window_s=0.05)
     request.addfinalizer(lines.stop)
     assert [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(2)] == [True, False]
     assert not lines.alive
     lines.start()
     assert lines.alive
-    assert eventually(lambda: any("left out" in r.getMessage() for r in caplog.records))
-    summaries = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
-    assert summaries == ["1 more line(s) about GPU-a left out in 0.05s; the last: GPU-a flip 1"]
+    assert eventually(lambda: _summaries(caplog) != [])
+    assert _summaries(caplog) == ["1 more line(s) about GPU-a left out in 0.05s; the last: GPU-a flip 1"]
