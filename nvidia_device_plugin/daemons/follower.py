@@ -104,6 +104,7 @@ class SnapshotFollower:
         """The first snapshot, which the caller serves holding `lock`; raises as build_snapshot does."""
         snapshot = self._check(build_snapshot(session, config))
         self._session, self._current = session, snapshot
+        self._rediscover_if_unread(snapshot)
         return snapshot
 
     @property
@@ -168,6 +169,7 @@ class SnapshotFollower:
             self._cdi_rejection = None
             self._apply(snapshot, old)
             self._current = snapshot
+            self._rediscover_if_unread(snapshot)
             log.info(
                 "%s (%s): %s",
                 done,
@@ -177,6 +179,11 @@ class SnapshotFollower:
             if counted:
                 self._on_result(True, "")
             return True
+
+    def _rediscover_if_unread(self, snapshot: Snapshot) -> None:
+        """Re-discovery's thread, made for the first served snapshot with a GPU it could not read."""
+        if _unread_gpus(snapshot.inventory):
+            self.rediscovery.start_thread()
 
     def retry_later(self, reason: str, cdi: bool = False) -> None:
         """Reload again after the current backoff delay (which then doubles, up to the cap)."""
@@ -196,7 +203,8 @@ class Rediscovery(Worker):
     at start or on a reload) and those it could not even open; checks each through its NVML lane
     (nvml/events.py: probe, probe_index) and calls `follower.refresh`. A GPU that reads again but is
     still lost after that (it fails the longer read of discovery) backs off, doubling to
-    REDISCOVERY_BACKOFF_MAX_S, so it cannot make the daemon rebuild its snapshot every few seconds.
+    REDISCOVERY_BACKOFF_MAX_S, so it cannot make the daemon rebuild its snapshot every few seconds. The
+    thread is made when a served snapshot first holds such a GPU (most daemons never need it).
     """
 
     def __init__(self, follower: SnapshotFollower, interval_s: float) -> None:
@@ -205,6 +213,10 @@ class Rediscovery(Worker):
         self._interval_s = interval_s
         self._not_before: dict[int, tuple[float, float]] = {}  # GPU index -> (next check, its delay)
         self._failures = FailureLog(log)
+
+    def setup(self) -> bool:
+        snapshot = self._follower.current[0]
+        return snapshot is not None and bool(_unread_gpus(snapshot.inventory))  # else made when one is
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(self._interval_s):

@@ -33,8 +33,8 @@ DAEMON_THREADS = {
     "nvml-health",
 }
 # Its workers whose thread is made only when work for it comes (Worker.start_thread): a reload to retry,
-# a health line left out (the rate-limited health lines' summaries).
-PUT_OFF = {"reload-retry", "log-summaries"}
+# a health line left out (the rate-limited health lines' summaries), a GPU discovery could not read.
+PUT_OFF = {"reload-retry", "log-summaries", "gpu-rediscovery"}
 
 
 def thread_names(since: set[threading.Thread] | None = None) -> set[str]:
