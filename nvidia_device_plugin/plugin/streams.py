@@ -19,10 +19,12 @@ script that opens streams in a loop) can open streams too, also while a Register
   closes. None left open -> kubelet's stream (if it came) is gone: `on_kubelet_end(0, True)`, so the
   manager registers again. Anything else -> the plugin cannot tell which is kubelet's: the candidates
   stay open and protected, `missing_since` stays set (so /healthz fails after the grace period) and, once
-  all of them ended, that is taken as a lost kubelet stream. (gRPC tells a unix-socket server nothing
-  about its peer, neither credentials nor which connection a call came on: context.peer() is "unix:" and
-  auth_context() the same for every client, so the order of calls around Register is what is left to go
-  by.);
+  all of them ended, that is taken as a lost kubelet stream. One order stays beyond telling: a client's
+  first stream in RECENT_OTHER_STREAM_S, opened after kubelet dialled back and before kubelet's own, is
+  taken for kubelet's, and kubelet's, coming after the answer, for another's. (gRPC tells a unix-socket
+  server nothing about its peer, neither credentials nor which connection a call came on: context.peer()
+  is "unix:" and auth_context() the same for every client, so the order of calls around Register is what
+  is left to go by.);
 * every stream opened outside that window is another client's: at most MAX_OTHER_STREAMS of them stay
   open, a new one past that ends the oldest of them, never kubelet's or a candidate. Each open stream holds
   one gRPC worker, so streams can never take the workers Allocate needs;
