@@ -13,7 +13,8 @@ It follows kubelet's (v1.36) device-plugin server where a plugin can see the dif
   resource Unhealthy, stamps the endpoint's stop time. After a quick re-registration that is the new client
   (kubelet's disconnect race). Kubelet never dials a plugin again: only a new Register brings it back.
 * kill() leaves a dead kubelet.sock (Register is refused) until the next start(); start() deletes every
-  socket in the directory first, then listens on kubelet.sock anew. restart() is kill() then start().
+  socket in the directory first, then listens on kubelet.sock anew. restart() is kill() then start(). A
+  Register the killed kubelet was still handling changes nothing after it died (its process is gone).
 * Capacity, allocatable, expired resources and admission: kubelet_devices.py.
 """
 
@@ -72,14 +73,20 @@ class PluginEndpoint:
     dialled: bool = False  # its channel is connected (kubelet's client has a grpc connection to close)
 
 
+NOT_RUNNING = "connection refused: kubelet is not running"
+
+
 class _Registration(pb_grpc.RegistrationServicer):  # type: ignore[misc]
     def __init__(self, kubelet: KubeletStandIn) -> None:
         self._kubelet = kubelet
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
-        if self._kubelet.dead:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "connection refused: kubelet is not running")
-        reason = self._kubelet._register(request)
+        generation = self._kubelet.running_generation()
+        if generation is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, NOT_RUNNING)
+        reason = self._kubelet._register(request, generation)
+        if reason == NOT_RUNNING:
+            context.abort(grpc.StatusCode.UNAVAILABLE, reason)
         if reason:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         return pb.Empty()
@@ -202,7 +209,15 @@ class KubeletStandIn:
 
     # ---- registration and ListAndWatch -------------------------------------------------------
 
-    def _register(self, request: pb.RegisterRequest) -> str | None:
+    def running_generation(self) -> int | None:
+        """The running kubelet's start (a Register belongs to it); None while killed."""
+        with self._changed:
+            return None if self.dead else self._generation
+
+    def _register(self, request: pb.RegisterRequest, generation: int) -> str | None:
+        """Kubelet's Register handler, for the kubelet of `generation`. A handler still running when that
+        kubelet was killed (its thread cannot be stopped here) changes nothing after: the process that ran
+        it is gone, so the next kubelet's clients are not its to replace or drop."""
         self.registrations.append(request)
         if request.version != "v1beta1":
             return f"unsupported device plugin API version {request.version!r}"
@@ -214,7 +229,10 @@ class KubeletStandIn:
         channel = grpc.insecure_channel(f"unix:{self.plugin_dir / request.endpoint}")
         client = PluginEndpoint(name, request.endpoint, channel, pb_grpc.DevicePluginStub(channel), 0)
         with self._changed:
-            client.generation = self._generation
+            if generation != self._generation or self.dead:
+                channel.close()
+                return NOT_RUNNING
+            client.generation = generation
             old = self._clients.get(name)
             self._clients[name] = client  # registerClient, before the dial
             if old is not None and old.watching:
@@ -224,17 +242,16 @@ class KubeletStandIn:
             client.dialled = True
         except (grpc.RpcError, ValueError) as exc:
             with self._changed:
-                self._clients.pop(name, None)  # deregisterClient: by name, whoever is there now
-                self.dial_failures.append(request.endpoint)
+                if generation == self._generation:
+                    self._clients.pop(name, None)  # deregisterClient: by name, whoever is there now
+                    self.dial_failures.append(request.endpoint)
                 self._changed.notify_all()
             channel.close()
             why = rpc_failure(exc) if isinstance(exc, grpc.RpcError) else str(exc)
             return f"cannot dial back plugin at {request.endpoint}: {why}"
-        with self._changed:
-            self._plugins[name] = client  # PluginConnected: the resource's endpoint is this one now
-            self._resources.setdefault(name, ResourceState()).stopped_at = None
-            client.watching = self.watch
-            self._changed.notify_all()
+        if not self._connected(client, generation):
+            channel.close()
+            return NOT_RUNNING
         if self.watch:
             threading.Thread(
                 target=self._run_client, args=(client,), name=f"kubelet-law-{name}", daemon=True
@@ -242,6 +259,17 @@ class KubeletStandIn:
         if self.register_hold is not None:
             self.register_hold()
         return None
+
+    def _connected(self, client: PluginEndpoint, generation: int) -> bool:
+        """PluginConnected: the resource's endpoint is `client` now; False when its kubelet is gone."""
+        with self._changed:
+            if generation != self._generation or self.dead:
+                return False
+            self._plugins[client.resource] = client
+            self._resources.setdefault(client.resource, ResourceState()).stopped_at = None
+            client.watching = self.watch
+            self._changed.notify_all()
+        return True
 
     def _run_client(self, client: PluginEndpoint) -> None:
         """Kubelet's runClient: read the stream until it ends, then disconnect the resource's client."""

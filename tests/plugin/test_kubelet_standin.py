@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_plugin_framework import FakeBackend
 
+from nvidia_device_plugin.api.v1beta1 import api_pb2 as pb
 from nvidia_device_plugin.plugin.registration import RegistrationError, register
 from nvidia_device_plugin.plugin.server import DeviceState, ResourceServer
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
@@ -127,6 +128,44 @@ def test_a_killed_kubelet_leaves_a_dead_socket_and_its_start_wipes_every_socket(
     assert (plugin_dir / "notes.txt").exists()
     assert kubelet.socket.is_socket()
     assert kubelet.devices(RESOURCE) == {}  # from the checkpoint: known, no devices until re-registered
+
+
+def test_a_register_still_handled_when_kubelet_dies_changes_nothing_of_the_next_kubelet(
+    kubelet: KubeletStandIn, served: ResourceServer
+) -> None:
+    held, release = threading.Event(), threading.Event()
+
+    def hold_first(request: pb.RegisterRequest) -> None:
+        if not held.is_set():
+            held.set()
+            release.wait(scaled(10))
+
+    kubelet.reject = hold_first
+    failed: list[RegistrationError] = []
+
+    def register_in_flight() -> None:
+        try:
+            register_once(kubelet)
+        except RegistrationError as exc:
+            failed.append(exc)
+
+    caller = threading.Thread(target=register_in_flight, daemon=True)
+    caller.start()
+    assert held.wait(scaled(10))  # inside the old kubelet's Register, before its dial-back
+    kubelet.restart()
+    served.stop()
+    served.start()  # the plugin serves anew and registers with the new kubelet
+    register_once(kubelet)
+    assert kubelet.wait_for_resources([RESOURCE])
+    current = kubelet.plugin(RESOURCE)
+    release.set()
+    caller.join(scaled(10))
+    assert not caller.is_alive()
+    assert len(failed) == 1  # the dead kubelet never answered it
+    assert kubelet.plugin(RESOURCE) is current
+    assert kubelet.connected(RESOURCE)
+    assert not kubelet.wait_for(lambda: bool(kubelet.disconnects), timeout=0.5)
+    assert len(kubelet.registrations) == 3
 
 
 def test_capacity_follows_node_status_ticks_and_an_expired_resource_goes_at_one(
