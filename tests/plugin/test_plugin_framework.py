@@ -18,6 +18,7 @@ from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.kubelet_standin import kubelet_standin
+from support.threads import counted_threads
 from support.waiting import eventually, scaled
 
 
@@ -202,7 +203,7 @@ def test_kubelet_restarts_twenty_times_without_leaks(kubelet: KubeletStandIn, ma
     assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
     kubelet.restart()
     assert kubelet.wait_for_resources(["example.com/a", "example.com/b"])
-    threads_before = threading.active_count()
+    threads_before = counted_threads()
     fds_before = len(os.listdir("/proc/self/fd"))
     for _ in range(20):
         kubelet.restart()
@@ -210,7 +211,9 @@ def test_kubelet_restarts_twenty_times_without_leaks(kubelet: KubeletStandIn, ma
         assert kubelet.allocate("example.com/a", [["a0"]]).container_responses[0].envs["DEVICES"] == "a0"
     assert kubelet.wait_for(manager.all_registered)
     # Allow the short-lived stream threads of the last restart to wind down; growth would be per restart.
-    assert kubelet.wait_for(lambda: threading.active_count() <= threads_before + 2, timeout=scaled(5))
+    assert kubelet.wait_for(lambda: counted_threads() <= threads_before + 2, timeout=scaled(5)), (
+        f"threads grew from {threads_before} to {counted_threads()} over 20 restarts"
+    )
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 8
 
 

@@ -15,7 +15,7 @@ MADE_ON_DEMAND = frozenset(
 
 def counted_threads() -> int:
     """How many threads are alive, not counting the first of each name in MADE_ON_DEMAND: one of each may
-    come at any time (the checks serve one resource), a second one is counted like any other thread, so a
-    leak of these threads (a server's summaries never stopped) still shows."""
+    come at any time, a second one is counted like any other thread, so a leak of these threads (a
+    server's summaries never stopped) still shows."""
     names = [thread.name for thread in threading.enumerate()]
     return len(names) - len(MADE_ON_DEMAND.intersection(names))
