@@ -80,6 +80,7 @@ class Registrar(Worker):
         self._s = state
         self._c = settings
         self._h = hooks
+        self._watched = False  # the directory watch was in place after the last round
 
     def run(self, stop: threading.Event) -> None:
         """Runs the loop until `stop`, and runs it again should it ever raise."""
@@ -122,8 +123,9 @@ class Registrar(Worker):
         bound = self._rebind_sockets()
         registered = self._register_pending(stop)
         watched = self._h.keep_watching()
-        if watched:  # a kubelet restart before the watch was in place is seen now, not at the next check
-            self._check_sockets()
+        if watched and not self._watched:  # made this round: a kubelet restart before it is seen now, not
+            self._check_sockets()  # at the next periodic check (a watch made again calls its on_gap)
+        self._watched = watched
         return watched and bound and registered
 
     def _check_sockets(self) -> None:
