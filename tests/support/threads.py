@@ -19,3 +19,13 @@ def counted_threads() -> int:
     server's summaries never stopped) still shows."""
     names = [thread.name for thread in threading.enumerate()]
     return len(names) - len(MADE_ON_DEMAND.intersection(names))
+
+
+# The device-plugin directory's watch (plugin/dirwatch.py): made by the registrar once its first
+# registrations are done, so after kubelet already sees the resources. A leak check counts after it.
+DIRECTORY_WATCH = "plugin-dir-watch"
+
+
+def running(name: str) -> bool:
+    """Whether a thread named `name` is alive."""
+    return any(thread.name == name for thread in threading.enumerate())
