@@ -16,7 +16,7 @@ from nvidia_device_plugin.telemetry.probes import MAX_SCRAPES
 
 from support.daemon_support import GPU, gpu_uuids, start_daemon
 from support.markers import soak
-from support.threads import DIRECTORY_WATCH, counted_threads, running
+from support.threads import DIRECTORY_WATCH, counted_threads, threads_named
 from support.waiting import scaled
 
 SCRAPERS = 2 * MAX_SCRAPES  # more than the server serves at once: some are refused (503), none may hang
@@ -53,7 +53,7 @@ def test_allocate_answers_through_a_scrape_flood_without_leaks(
         assert daemon.probes is not None
         port = daemon.probes.port
         assert _scrape(port) == 200
-        assert kubelet.wait_for(lambda: running(DIRECTORY_WATCH))  # its threads in both counts
+        assert kubelet.wait_for(lambda: threads_named(DIRECTORY_WATCH) != [])  # its threads in both counts
         threads_before = counted_threads()
         fds_before = len(os.listdir("/proc/self/fd"))
         replica = f"{gpu_uuids(daemon)[0]}::0"

@@ -10,11 +10,8 @@ import pytest
 from nvidia_device_plugin.base.logs import FailureLog
 from nvidia_device_plugin.base.workers import Worker, WorkerGroup
 
+from support.threads import threads_named
 from support.waiting import scaled, wait_for
-
-
-def threads_named(name: str) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == name]
 
 
 class Recording(Worker):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pynvml
@@ -14,6 +13,7 @@ from nvidia_device_plugin.health.policy import REASON_DOUBLE_BIT_ECC, REASON_LOS
 from nvidia_device_plugin.nvml.sim.node import load_node, parse_node
 
 from support.health_support import FakeClock, Node, lines, make_node
+from support.threads import threads_named
 from support.waiting import wait_for
 
 
@@ -104,7 +104,7 @@ def test_xid_policies(dgx: Node, policy: Health, critical: int, not_critical: in
 
 def test_disabled_health_checks_start_no_thread(dgx: Node, health_log: pytest.LogCaptureFixture) -> None:
     dgx.monitor(Health(disabled=True))
-    assert not [t for t in threading.enumerate() if t.name == "nvml-health"]
+    assert not threads_named("nvml-health")
     dgx.sim.inject_xid(0, 79)
     dgx.sim.inject_ecc_double_bit(0)
     assert dgx.unhealthy() == {}
@@ -321,7 +321,7 @@ def test_wait_errors_do_not_kill_the_monitor(dgx: Node, health_log: pytest.LogCa
     assert len(lines(health_log, "waiting for NVML events failed")) == 1
     dgx.sim.inject_xid(0, 79)
     dgx.wait_unhealthy(dgx.gpu(0).uuid)
-    assert [t for t in threading.enumerate() if t.name == "nvml-health"]
+    assert threads_named("nvml-health")
 
 
 def test_a_gpu_is_lost_wait_error_finds_the_lost_gpu(dgx: Node) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from nvidia_device_plugin.nvml.sim.events import MalformedEvent, SimEvent, Simul
 from nvidia_device_plugin.nvml.sim.node import load_node
 from nvidia_device_plugin.nvml.sim.simulator import SimulatedNvml
 
+from support.threads import threads_named
 from support.waiting import wait_for
 
 FEEDER_LOG = "nvidia_device_plugin.nvml.sim.events"
@@ -197,12 +197,12 @@ def test_the_thread_follows_the_file_and_stops(events: Path) -> None:
     feeder = SimulatedEventFeeder(events, sink, poll_interval_s=0.01)
     feeder.start()
     try:
-        assert [t for t in threading.enumerate() if t.name == "sim-events"]
+        assert threads_named("sim-events")
         append(events, json.dumps({"gpu": 4, "xid": 79}) + "\n")
         wait_for(lambda: sink.calls == [("xid", 4, 79)], "the event to be applied")
     finally:
         feeder.stop()
-    assert not [t for t in threading.enumerate() if t.name == "sim-events"]
+    assert not threads_named("sim-events")
 
 
 # ---- end to end through the simulator and the real health loop --------------------------------------

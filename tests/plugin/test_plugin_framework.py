@@ -18,7 +18,7 @@ from nvidia_device_plugin.plugin.server import DeviceState
 from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.kubelet_standin import kubelet_standin
-from support.threads import DIRECTORY_WATCH, counted_threads, running
+from support.threads import DIRECTORY_WATCH, counted_threads, threads_named
 from support.waiting import eventually, scaled
 
 
@@ -154,7 +154,7 @@ def test_after_first_registrations_waits_for_kubelet_and_is_called_once(plugin_d
     try:
         serve(manager, {"example.com/a": FakeBackend(["a0"]), "example.com/b": FakeBackend(["b0"])})
         # The registrar's first round ends by watching the directory; after it, rounds without kubelet.
-        assert eventually(lambda: running(DIRECTORY_WATCH))
+        assert eventually(lambda: threads_named(DIRECTORY_WATCH) != [])
         threading.Event().wait(scaled(0.3))
         assert calls == []
         with kubelet_standin(plugin_dir) as kubelet:

@@ -28,7 +28,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 from support.daemon_support import GPU, start_daemon
 from support.kubelet_standin import kubelet_standin
 from support.markers import soak
-from support.threads import DIRECTORY_WATCH, counted_threads, running
+from support.threads import DIRECTORY_WATCH, counted_threads, threads_named
 from support.waiting import eventually, scaled
 
 RESOURCE = "example.com/dev"
@@ -67,7 +67,7 @@ def test_unread_streams_never_starve_allocate(
 ) -> None:
     serve(manager)
     assert kubelet.wait_for_resources([RESOURCE])
-    assert kubelet.wait_for(lambda: running(DIRECTORY_WATCH))  # its threads in both counts
+    assert kubelet.wait_for(lambda: threads_named(DIRECTORY_WATCH) != [])  # its threads in both counts
     stub = pb_grpc.DevicePluginStub(channel)
     threads_before = counted_threads()
     for _ in range(rounds):

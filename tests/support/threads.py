@@ -26,6 +26,6 @@ def counted_threads() -> int:
 DIRECTORY_WATCH = "plugin-dir-watch"
 
 
-def running(name: str) -> bool:
-    """Whether a thread named `name` is alive."""
-    return any(thread.name == name for thread in threading.enumerate())
+def threads_named(name: str) -> list[threading.Thread]:
+    """The live threads named `name`."""
+    return [thread for thread in threading.enumerate() if thread.name == name]
