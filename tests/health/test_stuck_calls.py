@@ -28,7 +28,8 @@ from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids
 from support.waiting import wait_for
 
-DEADLINE_S = 0.3  # of one NVML call, here; the daemon's default is 10 s
+DEADLINE_S = 1.0  # of one NVML call, here (the daemon's default is 10 s); reading a whole GPU is one call
+# on its lane, and took 0.3 s once in CI on 2 busy cores
 
 
 @pytest.fixture
