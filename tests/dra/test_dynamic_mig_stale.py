@@ -59,15 +59,21 @@ def test_a_claim_deleted_while_the_plugin_was_down_loses_its_instance_at_start(
     first, second = two_claims(node)
     node.dra.started[-1].stop()
     node.dra.api.claims.delete("default", "claim-1")
+
+    def said() -> list[str]:  # the lines naming the claim, why, and its MIG device
+        lines = [r.getMessage() for r in caplog.records]
+        named = [line for line in lines if "claim default/claim-1" in line and first in line]
+        return [line for line in named if "deleted" in line]
+
     with caplog.at_level(logging.INFO, logger="nvidia_device_plugin.dra.kubelet"):
         restart(node)
         wait_for(lambda: [m.uuid for m in node.live.migs()] == [second], "claim 1's instance destroyed")
         wait_for(lambda: uid(1) not in node.checkpoint()["claims"], "claim 1's entry removed")
+        # The sweep says so once the claim is unprepared: after its entry is gone.
+        wait_for(lambda: bool(said()), "the sweep to say why claim 1 was unprepared")
     assert not spec_path_exists(node, 1) and spec_path_exists(node, 2)
     assert node.checkpoint()["claims"][uid(2)]["migInstances"][0]["migUUID"] == second
-    lines = [r.getMessage() for r in caplog.records]
-    said = [line for line in lines if "claim default/claim-1" in line and first in line and "deleted" in line]
-    assert len(said) == 1, lines  # one line names the claim, why, and its MIG device
+    assert len(said()) == 1, [r.getMessage() for r in caplog.records]  # one line
     # Its slices are free again: a claim allocated the same placement gets a device there.
     node.allocate(3, node.placement("2g.20gb", TWO_G, 0))
     assert node.prepare(3)[uid(3)].error == ""
