@@ -31,7 +31,6 @@ from types import ModuleType
 from typing import Any
 
 import grpc
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
 from nvidia_device_plugin.api.dra.v1 import api_pb2 as v1_pb
 from nvidia_device_plugin.api.dra.v1 import api_pb2_grpc as v1_grpc
@@ -39,7 +38,7 @@ from nvidia_device_plugin.api.dra.v1beta1 import api_pb2 as v1beta1_pb
 from nvidia_device_plugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from nvidia_device_plugin.api.pluginregistration.v1 import api_pb2 as reg_pb
 from nvidia_device_plugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from nvidia_device_plugin.base.fswatch import stop_watching, watch_directories
+from nvidia_device_plugin.base.fswatch import stop_watching, watch_events
 from nvidia_device_plugin.base.workers import wait_under
 from nvidia_device_plugin.cdi.model import CdiSettings
 from nvidia_device_plugin.config.v1 import Config
@@ -82,16 +81,6 @@ class RegisteredDriver:
     stub: Any
 
 
-class _Wake(FileSystemEventHandler):
-    """Wakes the reconcile pass at once when an entry of the directory changes."""
-
-    def __init__(self, event: threading.Event) -> None:
-        self._event = event
-
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        self._event.set()
-
-
 class DraKubeletStandIn:
     """Kubelet's plugin watcher and DRA manager for the sockets in `registry_dir`."""
 
@@ -114,7 +103,8 @@ class DraKubeletStandIn:
     def start(self) -> None:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
         self._stop.clear()
-        self._observer = watch_directories([self.registry_dir], _Wake(self._wake), "dra-standin-watch")
+        wake = self._wake.set  # any change to an entry wakes the reconcile pass at once
+        self._observer = watch_events([self.registry_dir], lambda _event: wake(), "dra-standin-watch")
         self._thread = threading.Thread(target=self._reconcile_loop, name="dra-standin", daemon=True)
         self._thread.start()
 
