@@ -14,6 +14,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from nvidia_device_plugin.base.workers import Worker
 
@@ -155,9 +156,11 @@ class RateLimitedLog(Worker):
         burst: int | None = None,
         window_s: float | None = None,
         name: str = "log-summaries",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name)
         self._log = logger
+        self._clock = clock
         self._burst = RATE_LIMIT_BURST if burst is None else burst
         self._window_s = RATE_LIMIT_WINDOW_S if window_s is None else window_s
         self._lock = threading.Lock()
@@ -169,7 +172,7 @@ class RateLimitedLog(Worker):
 
     def log(self, key: str, level: int, message: str, *args: object) -> bool:
         """Log `message % args` unless `key` has had `burst` lines in this window; True when logged."""
-        now = time.monotonic()
+        now = self._clock()
         first = False
         with self._lock:
             window = self._windows.get(key)
@@ -215,7 +218,7 @@ class RateLimitedLog(Worker):
         """The windows whose summary is due, waiting until one is or `stop` is set."""
         with self._changed:
             while not stop.is_set():
-                now = time.monotonic()
+                now = self._clock()
                 due = [(key, w) for key, w in self._pending if w.start + self._window_s <= now]
                 if due:
                     self._pending = [p for p in self._pending if p not in due]

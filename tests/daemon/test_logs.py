@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 
 import pytest
 
 from nvidia_device_plugin.base.logs import RateLimitedLog, configure_logging
 
+from support.health_support import FakeClock
 from support.waiting import eventually
 
 
@@ -97,10 +100,12 @@ def test_json_format_keeps_each_record_on_one_line(capsys: pytest.CaptureFixture
 # ---- RateLimitedLog (issue 23 item 15: a flapping GPU wrote ~20,000 lines in 10 s) -----------------------
 
 
-def _rate_limited(caplog: pytest.LogCaptureFixture, burst: int, window_s: float) -> RateLimitedLog:
+def _rate_limited(
+    caplog: pytest.LogCaptureFixture, burst: int, window_s: float, clock: Callable[[], float] = time.monotonic
+) -> RateLimitedLog:
     logger = logging.getLogger("nvidia_device_plugin.test.ratelimit")
     caplog.set_level(logging.INFO, logger=logger.name)
-    return RateLimitedLog(logger, burst=burst, window_s=window_s)
+    return RateLimitedLog(logger, burst=burst, window_s=window_s, clock=clock)
 
 
 def _summaries(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -110,12 +115,16 @@ def _summaries(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_repeated_lines_are_limited_per_key_and_summarised_when_the_window_ends(
     caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
-    lines = _rate_limited(caplog, burst=3, window_s=0.2)
+    clock = FakeClock()  # a busy machine's pause must not end the window between two lines
+    lines = _rate_limited(caplog, burst=3, window_s=0.2, clock=clock)
     lines.start()  # the summaries' worker, as the daemon that owns the log starts it
     request.addfinalizer(lines.stop)
     logged = [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(100)]
     assert lines.log("GPU-b", logging.INFO, "GPU-b once")  # another key has its own budget
     assert logged == [True] * 3 + [False] * 97
+    assert _summaries(caplog) == []  # not before the window ends
+    clock.advance(0.2)
+    lines.wake()
     assert eventually(lambda: any("left out" in r.getMessage() for r in caplog.records))
     messages = [r.getMessage() for r in caplog.records]
     assert messages[:3] == ["GPU-a flip 0", "GPU-a flip 1", "GPU-a flip 2"]
@@ -142,11 +151,14 @@ def test_the_summaries_are_a_worker_whose_stop_writes_what_is_pending_and_joins(
 def test_a_line_left_out_before_the_start_has_its_thread_made_by_the_start(
     caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
 ) -> None:
-    lines = _rate_limited(caplog, burst=1, window_s=0.05)
+    clock = FakeClock()
+    lines = _rate_limited(caplog, burst=1, window_s=0.05, clock=clock)
     request.addfinalizer(lines.stop)
     assert [lines.log("GPU-a", logging.WARNING, "GPU-a flip %d", n) for n in range(2)] == [True, False]
     assert not lines.alive
     lines.start()
     assert lines.alive
+    clock.advance(0.05)
+    lines.wake()
     assert eventually(lambda: _summaries(caplog) != [])
     assert _summaries(caplog) == ["1 more line(s) about GPU-a left out in 0.05s; the last: GPU-a flip 1"]
