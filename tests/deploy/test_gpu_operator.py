@@ -61,6 +61,8 @@ DOCS = ROOT / "docs" / "operations.md"
 CHART_VALUES = ROOT / "deployments" / "helm" / "nvidia-device-plugin" / "values.yaml"
 # The mounts of the Operator's pod that the processes read or write.
 MOUNTS = ("/available-configs", "/config", "/run/nvidia/validations", "/run/nvidia/mps")
+# What the config-manager sidecar logs when its SIGHUP found this pod's plugin (SEND_SIGNAL=true).
+SENT_SIGHUP = "sent signal 1 to nvidia-device-plugin"
 # What the Operator's validator writes for a driver installed on the host; the entrypoint sources it.
 DRIVER_READY = "".join(
     f"{line}\n"
@@ -352,6 +354,8 @@ def test_the_operators_pod_serves_and_follows_the_node_label(
             wait_for(
                 lambda: len(kubelet.devices("nvidia.com/gpu")) == 8, "the label's new config (8 GPUs)", 60
             )
+            # The plugin also follows the link itself, so its reload can come before the sidecar's line.
+            wait_for(lambda: SENT_SIGHUP in (tmp_path / "pod.log").read_text(), "the sidecar's SIGHUP")
         finally:
             pod.kill()  # unshare ignores SIGTERM while it waits; --kill-child then ends the whole namespace
             pod.wait(timeout=scaled(30))
@@ -360,7 +364,7 @@ def test_the_operators_pod_serves_and_follows_the_node_label(
     assert "Starting nvidia-device-plugin" in output, output
     assert "IS_HOST_DRIVER=true" in output, "the entrypoint prints the driver-ready file it sources"
     # The sidecar's SIGHUP (SEND_SIGNAL=true, PROCESS_TO_SIGNAL=nvidia-device-plugin) found this pod's plugin.
-    assert "sent signal 1 to nvidia-device-plugin" in output, output
+    assert SENT_SIGHUP in output, output
 
 
 # ---- MPS through the Operator: unsupported, and why (docs/operations.md) ----------------------------------
