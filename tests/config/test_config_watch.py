@@ -26,6 +26,7 @@ from support.waiting import eventually
 
 WAIT = 20.0  # generous bound for a loaded CI machine; tests normally finish in well under a second
 NEVER = 3600.0  # poll interval that keeps the periodic check out of event-driven tests
+IN_PLACE_DEBOUNCE_S = 0.5
 
 
 class Calls:
@@ -79,10 +80,25 @@ def start(
     return watcher
 
 
-def one_call_back_for(edit: str, path: Path, watcher: ConfigWatcher, calls: Calls) -> None:
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` whole at once, a new file renamed over it: a look at any moment sees the old bytes or
+    the new. (A look between the truncation and the write of `write_text` sees an empty file: a change of
+    its own, which a pause of the test's thread longer than the debounce lets the watcher see.)"""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_text(text)
+    os.replace(staged, path)
+
+
+def one_call_back_for(
+    edit: str,
+    path: Path,
+    watcher: ConfigWatcher,
+    calls: Calls,
+    write: Callable[[Path, str], None] = replace_text,
+) -> None:
     """Write `edit` to `path`: exactly one more call back, and no other once the watcher has looked again."""
     expected = calls.count + 1
-    path.write_text(edit)
+    write(path, edit)
     assert calls.wait_for(expected)
     settle(watcher, path.parent / "unrelated")
     assert calls.count == expected
@@ -125,9 +141,11 @@ class ConfigMapVolume:
 def test_plain_file_rewrite_calls_back_once(tmp_path: Path, started: list[ConfigWatcher]) -> None:
     path = config_file(tmp_path)
     calls = Calls()
-    watcher = start(started, ConfigSource.from_file(path), calls)
+    # Rewritten in place, truncated then written: the debounce is what keeps the empty file in between
+    # from being seen, so it is longer than the test's thread pauses on a busy machine.
+    watcher = start(started, ConfigSource.from_file(path), calls, debounce_seconds=IN_PLACE_DEBOUNCE_S)
     assert watcher.watching_events
-    one_call_back_for("flags: {migStrategy: mixed}\n", path, watcher, calls)
+    one_call_back_for("flags: {migStrategy: mixed}\n", path, watcher, calls, Path.write_text)
 
 
 def test_deferred_event_watch_sees_a_change_made_before_it(
@@ -246,7 +264,8 @@ def test_no_call_back_without_a_content_change(tmp_path: Path, started: list[Con
     text = "flags: {migStrategy: single}\n"
     path.write_text(text)
     calls = Calls()
-    watcher = start(started, ConfigSource.from_file(path), calls)
+    # The same bytes rewritten in place: see test_plain_file_rewrite_calls_back_once for the debounce.
+    watcher = start(started, ConfigSource.from_file(path), calls, debounce_seconds=IN_PLACE_DEBOUNCE_S)
 
     seen = watcher.checks_done
     os.utime(path)  # touch
@@ -289,7 +308,7 @@ def test_a_fifo_in_place_of_the_file_neither_hangs_nor_stops_the_watcher(
         f"<unreadable: {path}: is a named pipe (FIFO), not a regular config file>",
     )
     path.unlink()
-    path.write_text("a: 2\n")
+    replace_text(path, "a: 2\n")
     assert calls.wait_for(2)  # the watcher is still there and sees the regular file come back
     settle(watcher, tmp_path / "unrelated")
     assert calls.count == 2
