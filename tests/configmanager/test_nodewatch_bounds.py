@@ -69,14 +69,10 @@ def following(tmp_path: Path) -> Iterator[Start]:
 
 
 def list_times(server: FakeApiServer, count: int, timeout: float) -> list[float]:
-    """When each of the first `count` lists arrived (as seen by polling the server's request log)."""
-    seen: list[float] = []
-    deadline = time.monotonic() + timeout
-    while len(seen) < count and time.monotonic() < deadline:
-        while len(seen) < min(count, len(server.lists())):
-            seen.append(time.monotonic())
-        time.sleep(0.002)
-    return seen
+    """When each of the first `count` lists arrived, as the server stamped them (a pause of the test's
+    thread does not move them)."""
+    wait_for(lambda: len(server.list_times) >= count, f"{count} lists", timeout=timeout)
+    return server.list_times[:count]
 
 
 def test_410_on_every_watch_backs_off_as_client_gos_reflector(following: Start) -> None:

@@ -22,6 +22,7 @@ import queue
 import select
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -87,6 +88,7 @@ class FakeApiServer(_LocalServer):
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         }
         self.requests: list[dict[str, list[str]]] = []  # query of each node request, in order
+        self.list_times: list[float] = []  # time.monotonic() as each list of the node came in
         self.objects = ObjectStore()
         self.claims = ResourceClaims()
         self.feed: queue.Queue[object] = queue.Queue()
@@ -141,6 +143,8 @@ class FakeApiServer(_LocalServer):
                     self._send(*fake.objects.answer("GET", url.path, None))
                     return
                 query = parse_qs(url.query)
+                if query.get("watch") != ["true"]:
+                    fake.list_times.append(time.monotonic())
                 fake.requests.append(query)
                 if url.path != "/api/v1/nodes" or query.get("fieldSelector") != [f"metadata.name={NODE}"]:
                     self._send(404, {"kind": "Status", "code": 404, "message": f"unexpected {self.path}"})
