@@ -160,7 +160,8 @@ def test_missing_driver_fails_or_idles_per_fail_on_init_error(plugin_dir: Path) 
 
 
 def test_health_recovery_config_is_used(plugin_dir: Path, kubelet: KubeletStandIn) -> None:
-    config = Config(health=HealthConfig(recovery=Recovery(enabled=True, grace_period_seconds=0.2)))
+    # The grace is how long kubelet can see the device Unhealthy: long enough for a busy machine's pauses.
+    config = Config(health=HealthConfig(recovery=Recovery(enabled=True, grace_period_seconds=2.0)))
     daemon = start_daemon(plugin_dir, "t4-single", lambda: config)
     try:
         assert kubelet.wait_for_resources([GPU])

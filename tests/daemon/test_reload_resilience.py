@@ -48,7 +48,8 @@ def test_a_reload_rejected_for_an_nvml_failure_is_retried_and_lands(
     plugin_dir: Path, kubelet: KubeletStandIn
 ) -> None:
     configs = [Config()]
-    daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1], reload_retry_min_s=0.05)
+    # The retries land 1.5 s after the reload: the look at what kubelet has before them must come first.
+    daemon = start_daemon(plugin_dir, load_config=lambda: configs[-1], reload_retry_min_s=0.5)
     try:
         assert kubelet.wait_for_resources([GPU])
         # The driver answers UNKNOWN twice (a GPU reset in progress, say), then works again.

@@ -83,7 +83,8 @@ def _health(watch: HealthWatch, device: str) -> str | None:
 def test_an_xid_turns_the_gpu_unhealthy_on_the_stream_and_recovery_healthy_again(
     plugin_dir: Path, kubelet: KubeletStandIn, service: str
 ) -> None:
-    recovery = Recovery(enabled=True, grace_period_seconds=0.3)
+    # The grace holds the late client's stream, which must open while GPU 2 is still unhealthy.
+    recovery = Recovery(enabled=True, grace_period_seconds=2.0)
     config = Config(dra=Dra(enabled=True, gpus="all"), health=HealthConfig(recovery=recovery))
     with dra_daemon(plugin_dir, config) as daemon:
         endpoint = plugin_dir / "plugins" / "gpu.nvidia.com" / "dra.sock"

@@ -370,7 +370,8 @@ def test_ownership_flips_under_load_never_serve_a_gpu_on_both_sides(
 def test_an_xid_taints_the_dra_device_and_recovery_lifts_it(
     plugin_dir: Path, kubelet: KubeletStandIn
 ) -> None:
-    config = dra("all", health=HealthConfig(recovery=Recovery(enabled=True, grace_period_seconds=0.3)))
+    # The grace is how long the taint stays: long enough for a busy machine's pauses.
+    config = dra("all", health=HealthConfig(recovery=Recovery(enabled=True, grace_period_seconds=2.0)))
     with dra_node(plugin_dir, kubelet, config, preset="mixed-a100-h100") as node:
         wait_for(lambda: len(node.sliced()) == 4, "4 GPUs in the slices")
         simulator(node.daemon).inject_xid(2, 79)

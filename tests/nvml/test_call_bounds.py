@@ -65,7 +65,7 @@ def test_a_hung_call_is_stuck_at_its_deadline_and_its_gpu_fails_fast_until_it_re
 def test_a_hang_with_seconds_ends_by_itself(session: NvmlSession) -> None:
     assert session.simulator is not None
     handle, _ = _gpu(session, 1)
-    session.simulator.hang("nvmlDeviceGetName", 1, seconds=DEADLINE_S * 1.5)
+    session.simulator.hang("nvmlDeviceGetName", 1, seconds=DEADLINE_S * 2)
     with pytest.raises(NvmlCallStuck):
         session.nv.nvmlDeviceGetName(handle)
 

@@ -86,8 +86,9 @@ def test_closing_the_stream_itself_disconnects_the_resource(
 def test_a_stream_ending_after_a_new_registration_disconnects_the_new_client(
     plugin_dir: Path, served: ResourceServer
 ) -> None:
-    # kubelet's runClient looks the client up by resource name once the old stream has ended.
-    with kubelet_standin(plugin_dir, disconnect_delay=0.3) as kubelet:
+    # kubelet's runClient looks the client up by resource name once the old stream has ended. The delay
+    # holds the stop and the second Register: 0.3 s was too short for them on a busy machine.
+    with kubelet_standin(plugin_dir, disconnect_delay=2.0) as kubelet:
         register_once(kubelet)
         assert kubelet.wait_for_resources([RESOURCE])
         second = bare_server(plugin_dir, FakeBackend(["d0"]), "second.sock")
@@ -171,7 +172,9 @@ def test_a_register_still_handled_when_kubelet_dies_changes_nothing_of_the_next_
 def test_capacity_follows_node_status_ticks_and_an_expired_resource_goes_at_one(
     plugin_dir: Path,
 ) -> None:
-    with kubelet_standin(plugin_dir, node_status_interval=0.05, endpoint_stop_grace=0.3) as kubelet:
+    # The grace holds the server's stop and the look at the capacity after it: 0.3 s was too short for them
+    # on a busy machine.
+    with kubelet_standin(plugin_dir, node_status_interval=0.05, endpoint_stop_grace=2.0) as kubelet:
         server = bare_server(plugin_dir, FakeBackend([f"d{n}" for n in range(4)]))
         register_once(kubelet)
         assert kubelet.wait_for_resources([RESOURCE])

@@ -280,7 +280,8 @@ def test_a_control_daemon_reload_that_nvml_fails_keeps_the_daemons_and_is_retrie
     setup: Setup, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="nvidia_device_plugin.daemons.follower")
-    control = setup.control_daemon(reload_retry_min_s=0.01)
+    # The retries land 1.5 s after the reload: the look at the daemons' commands before them must come first.
+    control = setup.control_daemon(reload_retry_min_s=0.5)
     try:
         gpus = _gpus(control)
         wait_for(lambda: all(setup.status_ready(g) for g in gpus), "every GPU's daemon ready")
@@ -298,8 +299,8 @@ def test_a_control_daemon_reload_that_nvml_fails_keeps_the_daemons_and_is_retrie
             "the retried reload's client defaults",
         )
         assert [mps_daemon.running_pid(str(setup.pipe(g))) for g in gpus] == pids  # kept, never restarted
-        assert "retrying the config reload in 0.01s" in caplog.text
-        assert "retrying the config reload in 0.02s" in caplog.text
+        assert "retrying the config reload in 0.5s" in caplog.text
+        assert "retrying the config reload in 1s" in caplog.text
     finally:
         control.stop()
 
