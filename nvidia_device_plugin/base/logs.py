@@ -148,6 +148,9 @@ class RateLimitedLog(Worker):
     starts and stops with its other workers; stop() writes the summaries still pending, whether their
     window ended or not, so none is lost on shutdown. The thread is made when the first line is left out
     (Worker.start_thread): a log that never leaves one out, as most never do, runs none.
+
+    `clock` tells the windows' time (time.monotonic); the worker sleeps as long as it says a window has
+    left, so a clock that is moved by hand needs a wake() after each move.
     """
 
     def __init__(
