@@ -26,10 +26,7 @@ from nvidia_device_plugin.standins.kubelet import KubeletStandIn
 
 from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids
-from support.waiting import wait_for
-
-DEADLINE_S = 1.0  # of one NVML call, here (the daemon's default is 10 s); reading a whole GPU is one call
-# on its lane, and took 0.3 s once in CI on 2 busy cores
+from support.waiting import NVML_CALL_DEADLINE_S, wait_for
 
 
 @pytest.fixture
@@ -42,7 +39,7 @@ def sessions() -> Iterator[list[NvmlSession]]:
 
 
 def _session(node: str, sessions: list[NvmlSession]) -> NvmlSession:
-    session = open_nvml(node, call_timeout_s=DEADLINE_S)
+    session = open_nvml(node, call_timeout_s=NVML_CALL_DEADLINE_S)
     sessions.append(session)
     return session
 

@@ -10,14 +10,13 @@ from nvidia_device_plugin.nvml.discovery import discover
 from nvidia_device_plugin.nvml.session import open_nvml
 
 from support.health_support import FakeClock
-from support.waiting import wait_for
+from support.waiting import NVML_CALL_DEADLINE_S, wait_for
 
 POLL_S = 5.0  # the liveness poll; the fake clock never reaches a second one
-DEADLINE_S = 1.0  # of one NVML call: reading a whole GPU is one, and took 0.3 s once in CI on 2 busy cores
 
 
 def test_a_gpu_whose_stuck_call_returns_is_checked_at_once_and_recovers() -> None:
-    with open_nvml("dgx-a100", call_timeout_s=DEADLINE_S) as session:
+    with open_nvml("dgx-a100", call_timeout_s=NVML_CALL_DEADLINE_S) as session:
         assert session.simulator is not None
         inventory = discover(session.nv, session.host.sysfs_root)
         registry = HealthRegistry()

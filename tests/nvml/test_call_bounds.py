@@ -19,16 +19,12 @@ from nvidia_device_plugin.nvml.session import NvmlSession, open_nvml
 from nvidia_device_plugin.nvml.sim.events import MalformedEvent, SimEvent, parse_event
 from nvidia_device_plugin.nvml.sim.node import HangSpec, load_node, parse_node
 
-from support.waiting import wait_for
-
-# Of one call. Reading a whole GPU is one call on its lane (nvml/discovery.py): about 3 ms here, but 0.3 s
-# once in CI beside the rest of the suite on 2 busy cores, which a 0.1 s deadline took for a hang.
-DEADLINE_S = 1.0
+from support.waiting import NVML_CALL_DEADLINE_S, wait_for
 
 
 @pytest.fixture
 def session() -> Iterator[NvmlSession]:
-    opened = open_nvml("dgx-a100", call_timeout_s=DEADLINE_S)
+    opened = open_nvml("dgx-a100", call_timeout_s=NVML_CALL_DEADLINE_S)
     yield opened
     opened.close()
 
@@ -65,7 +61,7 @@ def test_a_hung_call_is_stuck_at_its_deadline_and_its_gpu_fails_fast_until_it_re
 def test_a_hang_with_seconds_ends_by_itself(session: NvmlSession) -> None:
     assert session.simulator is not None
     handle, _ = _gpu(session, 1)
-    session.simulator.hang("nvmlDeviceGetName", 1, seconds=DEADLINE_S * 2)
+    session.simulator.hang("nvmlDeviceGetName", 1, seconds=NVML_CALL_DEADLINE_S * 2)
     with pytest.raises(NvmlCallStuck):
         session.nv.nvmlDeviceGetName(handle)
 
@@ -124,7 +120,7 @@ def test_node_files_hang_calls_from_the_start(tmp_path: Path) -> None:
 def test_discovery_serves_a_gpu_stuck_midway_as_lost_with_what_it_read() -> None:
     from nvidia_device_plugin.nvml.discovery import discover
 
-    with open_nvml("dgx-a100", call_timeout_s=DEADLINE_S) as session:
+    with open_nvml("dgx-a100", call_timeout_s=NVML_CALL_DEADLINE_S) as session:
         assert session.simulator is not None
         session.simulator.hang("nvmlDeviceGetMigMode", 4)
         done: list[object] = []
@@ -143,7 +139,7 @@ def test_a_reload_with_a_gpu_stuck_midway_serves_it_as_before_and_lost() -> None
     from nvidia_device_plugin.config.v1 import Config
     from nvidia_device_plugin.snapshot import build_snapshot
 
-    with open_nvml("a100-mig-mixed", call_timeout_s=DEADLINE_S) as session:
+    with open_nvml("a100-mig-mixed", call_timeout_s=NVML_CALL_DEADLINE_S) as session:
         assert session.simulator is not None
         before = build_snapshot(session, Config()).inventory
         session.simulator.hang("nvmlDeviceGetMigMode", 0)  # after its memory, before its MIG devices

@@ -38,6 +38,11 @@ def scaled(seconds: float) -> float:
 
 
 HANG_GUARD_S = scaled(10.0)
+
+# The NVML call deadline of tests that hang a call: only the hung call may reach it. Reading a whole GPU is
+# one call on its lane (nvml/discovery.py), about 3 ms, but it took 0.3 s once in CI beside the rest of the
+# suite on 2 busy cores, which a 0.1 s deadline served as a hang. (The daemon's default is 10 s.)
+NVML_CALL_DEADLINE_S = 1.0
 # For a wait on a child process, which first imports the package and starts the simulator on busy cores.
 CHILD_GUARD_S = scaled(15.0)
 
