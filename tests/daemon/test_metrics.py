@@ -9,7 +9,6 @@ The exposition is parsed by prometheus_client's own text parser, as a scraper wo
 from __future__ import annotations
 
 import platform
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +37,7 @@ from nvidia_device_plugin.telemetry.probes import ProbeServer
 from support.checks import assert_all
 from support.daemon_support import GPU, gpu_uuids, simulated_options, simulator
 from support.kubelet_standin import kubelet_standin
+from support.threads import threads_named
 from support.waiting import scaled
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -475,8 +475,8 @@ def test_two_daemons_keep_separate_counters_and_stop_closes_the_port(plugin_dir:
 
 def test_stop_joins_the_named_thread(plugin_dir: Path) -> None:
     with running(plugin_dir, "t4-single", Config):
-        assert "probes-http" in {t.name for t in threading.enumerate()}
-    assert "probes-http" not in {t.name for t in threading.enumerate()}
+        assert threads_named("probes-http")
+    assert not threads_named("probes-http")
 
 
 # ---- a collection that fails ------------------------------------------------------------------------

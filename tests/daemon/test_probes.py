@@ -24,6 +24,7 @@ from nvidia_device_plugin.telemetry import probes
 from nvidia_device_plugin.telemetry.probes import Check, ProbeServer, RenderMetrics, parse_address
 
 from support.checks import assert_all
+from support.threads import threads_named
 
 # A bound on how long a client waits for anything, so a server that hangs fails the test instead of
 # hanging it; every expected answer comes far sooner.
@@ -384,9 +385,9 @@ def test_stop_joins_the_thread_closes_the_port_and_can_be_repeated() -> None:
     server = ProbeServer("127.0.0.1:0", CountingRender(), fine, fine)
     server.start()
     port = server.port
-    assert "probes-http" in {t.name for t in threading.enumerate()}
+    assert threads_named("probes-http")
     server.stop()
     server.stop()
-    assert "probes-http" not in {t.name for t in threading.enumerate()}
+    assert not threads_named("probes-http")
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD_S).close()
