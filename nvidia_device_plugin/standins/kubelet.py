@@ -214,6 +214,10 @@ class KubeletStandIn:
         with self._changed:
             return None if self.dead else self._generation
 
+    def _gone(self, generation: int) -> bool:
+        """Whether the kubelet of `generation` has died since (`_changed` held)."""
+        return generation != self._generation or self.dead
+
     def _register(self, request: pb.RegisterRequest, generation: int) -> str | None:
         """Kubelet's Register handler, for the kubelet of `generation`. A handler still running when that
         kubelet was killed (its thread cannot be stopped here) changes nothing after: the process that ran
@@ -229,7 +233,7 @@ class KubeletStandIn:
         channel = grpc.insecure_channel(f"unix:{self.plugin_dir / request.endpoint}")
         client = PluginEndpoint(name, request.endpoint, channel, pb_grpc.DevicePluginStub(channel), 0)
         with self._changed:
-            if generation != self._generation or self.dead:
+            if self._gone(generation):
                 channel.close()
                 return NOT_RUNNING
             client.generation = generation
@@ -263,7 +267,7 @@ class KubeletStandIn:
     def _connected(self, client: PluginEndpoint, generation: int) -> bool:
         """PluginConnected: the resource's endpoint is `client` now; False when its kubelet is gone."""
         with self._changed:
-            if generation != self._generation or self.dead:
+            if self._gone(generation):
                 return False
             self._plugins[client.resource] = client
             self._resources.setdefault(client.resource, ResourceState()).stopped_at = None
@@ -277,7 +281,7 @@ class KubeletStandIn:
         if self.disconnect_delay > 0:
             time.sleep(self.disconnect_delay)
         with self._changed:
-            if client.generation != self._generation or self.dead:
+            if self._gone(client.generation):
                 return  # that kubelet is gone; the next one starts from its checkpoint
             current = self._clients.get(client.resource)  # getClient(name): whoever it is now
         if current is not None:
