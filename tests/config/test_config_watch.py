@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from test_config_reading import without_file_permission_override
 
+from nvidia_device_plugin.base.atomicfile import replace_file
 from nvidia_device_plugin.config.source import ConfigSource
 from nvidia_device_plugin.config.watch import ConfigWatcher, fingerprint
 
@@ -80,23 +81,16 @@ def start(
     return watcher
 
 
-def replace_text(path: Path, text: str) -> None:
-    """Write `path` whole at once, a new file renamed over it: a look at any moment sees the old bytes or
-    the new. (A look between the truncation and the write of `write_text` sees an empty file: a change of
-    its own, which a pause of the test's thread longer than the debounce lets the watcher see.)"""
-    staged = path.with_name(f".{path.name}.new")
-    staged.write_text(text)
-    os.replace(staged, path)
-
-
 def one_call_back_for(
     edit: str,
     path: Path,
     watcher: ConfigWatcher,
     calls: Calls,
-    write: Callable[[Path, str], None] = replace_text,
+    write: Callable[[Path, str], None] = replace_file,
 ) -> None:
-    """Write `edit` to `path`: exactly one more call back, and no other once the watcher has looked again."""
+    """Write `edit` to `path`: exactly one more call back, and no other once the watcher has looked again.
+    By default the file is replaced whole (a look between `write_text`'s truncation and its write sees an
+    empty file: a change of its own, which a pause of the test's thread longer than the debounce shows)."""
     expected = calls.count + 1
     write(path, edit)
     assert calls.wait_for(expected)
@@ -307,7 +301,7 @@ def test_a_fifo_in_place_of_the_file_neither_hangs_nor_stops_the_watcher(
         str(path),
         f"<unreadable: {path}: is a named pipe (FIFO), not a regular config file>",
     )
-    replace_text(path, "a: 2\n")  # renamed over the FIFO: no look sees the path missing in between
+    replace_file(path, "a: 2\n")  # renamed over the FIFO: no look sees the path missing in between
     assert calls.wait_for(2)  # the watcher is still there and sees the regular file come back
     settle(watcher, tmp_path / "unrelated")
     assert calls.count == 2
